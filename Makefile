@@ -1,0 +1,29 @@
+# make install: create .venv and install the project with its test extra.
+# make test:    install if needed, then run the test suite (slow tests excluded).
+# make bench:   install if needed, then run the benchmarks and print the ratios.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-all bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m experiments.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

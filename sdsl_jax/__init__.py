@@ -1,0 +1,67 @@
+"""sdsl-jax: Speculative Decoding Scaling Laws (SDSL, arXiv 2603.11053) in differentiable JAX.
+
+The public API is re-exported here; the implementation lives in the submodules.
+"""
+
+from sdsl_jax.acceptance import (
+    SDSL2026,
+    AcceptancePlane,
+    acceptance_from_counts,
+    acceptance_from_distributions,
+    acceptance_rate,
+)
+from sdsl_jax.lambertw import lambertw, lambertw_m1_log
+from sdsl_jax.optimum import (
+    DraftSizeSolution,
+    LinearLaw,
+    SolveStatus,
+    draft_acceptance,
+    draft_throughput,
+    fit_linear_law,
+    optimal_draft_size,
+    solve_draft_size,
+)
+from sdsl_jax.scaling import BESIROGLU2024, HOFFMANN2022, LossLaw, perplexity, pretraining_loss
+from sdsl_jax.speculative import (
+    expected_tokens,
+    iteration_cost,
+    operations_factor,
+    optimal_integer_lookahead,
+    optimal_lookahead,
+    optimal_throughput,
+    speedup,
+    throughput,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceptancePlane",
+    "BESIROGLU2024",
+    "DraftSizeSolution",
+    "HOFFMANN2022",
+    "LinearLaw",
+    "LossLaw",
+    "SDSL2026",
+    "SolveStatus",
+    "acceptance_from_counts",
+    "acceptance_from_distributions",
+    "acceptance_rate",
+    "draft_acceptance",
+    "draft_throughput",
+    "expected_tokens",
+    "fit_linear_law",
+    "iteration_cost",
+    "lambertw",
+    "lambertw_m1_log",
+    "operations_factor",
+    "optimal_draft_size",
+    "optimal_integer_lookahead",
+    "optimal_lookahead",
+    "optimal_throughput",
+    "perplexity",
+    "pretraining_loss",
+    "solve_draft_size",
+    "speedup",
+    "throughput",
+]

@@ -1,0 +1,228 @@
+"""Real Lambert W, branches 0 and -1, with a log-space entry point for the lower branch.
+
+The Lambert W function solves ``w * exp(w) = z``. On the reals it has two branches: ``W_0``
+on ``[-1/e, inf)`` with ``W_0 >= -1`` and ``W_{-1}`` on ``[-1/e, 0)`` with ``W_{-1} <= -1``.
+
+Algorithm (the same for both branches, a fixed number of steps so that it jits and vmaps):
+
+1. An initial guess: near the branch point ``z = -1/e`` the series in
+   ``p = ±sqrt(2 (e z + 1))`` [Corless et al. 1996, eqs. 4.22-4.24]; on ``W_0`` away from it
+   Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)`` [Winitzki 2003];
+   on ``W_{-1}`` away from it the asymptotic series ``L1 - L2 + L2 / L1``,
+   ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
+2. Three steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21],
+   which is fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot
+   overflow::
+
+       zn  = log(z / w) - w
+       q   = 2 (1 + w) (1 + w + 2 zn / 3)
+       w  <- w (1 + zn / (1 + w) * (q - zn) / (q - 2 zn))
+
+3. Within ``|p| < 0.06`` of the branch point the 20-term series is used as the answer: there
+   it is exact to rounding, whereas the iteration divides rounding noise by ``1 + w ~ p``.
+   ``e z + 1`` is formed as ``e (z + hi + lo)`` with ``1/e = hi + lo`` split in the working
+   dtype, so the distance to the branch point is exact for inputs near it.
+
+Derivatives are defined by ``custom_jvp`` (never by differentiating the iterations):
+``W'(z) = W / (z (1 + W))``, written ``exp(-W) / (1 + W)`` on ``W_0`` so that ``W'(0) = 1`` and
+higher derivatives at ``z = 0`` are right. For the log-space entry ``w(s) = W_{-1}(-exp(s))``,
+``w + log(-w) = s`` gives ``dw/ds = w / (1 + w)``.
+
+References:
+  Corless, Gonnet, Hare, Jeffrey & Knuth (1996), "On the Lambert W function", Adv. Comput.
+  Math. 5, 329-359. Fritsch, Shafer & Crowley (1973), "Solution of the transcendental equation
+  w e^w = x", Commun. ACM 16, 123-124. Veberic (2012), "Lambert W function for applications in
+  physics", Comput. Phys. Commun. 183, 2622-2628. Winitzki (2003), "Uniform approximations for
+  transcendental functions", LNCS 2667, 780-789.
+"""
+
+from __future__ import annotations
+
+import fractions
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+__all__ = ["lambertw", "lambertw_m1_log"]
+
+_NUM_SERIES_TERMS = 20
+_SERIES_ONLY_BELOW = 0.06  # |p| below which the branch-point series alone is the answer
+_SERIES_GUESS_BELOW_Z = -0.25  # z below which the series seeds the iteration
+_NUM_FRITSCH_STEPS = 2
+
+
+def _branch_point_coefficients(num_terms: int) -> tuple[float, ...]:
+    """Coefficients mu_k of W = sum_k mu_k p^k, p = ±sqrt(2 (e z + 1)) [Corless 1996, eq. 4.23].
+
+    Exact rational recurrence, evaluated once at import:
+    mu_k = (k-1)/(k+1) (mu_{k-2}/2 + alpha_{k-2}/4) - alpha_k/2 - mu_{k-1}/(k+1),
+    alpha_k = sum_{j=2}^{k-1} mu_j mu_{k+1-j}, mu_0 = -1, mu_1 = 1, alpha_0 = 2, alpha_1 = -1.
+    """
+    F = fractions.Fraction
+    mu = [F(-1), F(1)]
+    alpha = [F(2), F(-1)]
+    for k in range(2, num_terms):
+        alpha.append(sum((mu[j] * mu[k + 1 - j] for j in range(2, k)), F(0)))
+        mu.append(
+            F(k - 1, k + 1) * (mu[k - 2] / 2 + alpha[k - 2] / 4) - alpha[k] / 2 - mu[k - 1] / (k + 1)
+        )
+    return tuple(float(m) for m in mu)
+
+
+_MU = _branch_point_coefficients(_NUM_SERIES_TERMS)
+_INV_E = fractions.Fraction(
+    # 1/e to 40 digits; the split below needs more than a float64 carries.
+    "0.3678794411714423215955237701614608674458"
+)
+
+
+def _inv_e_split(dtype) -> tuple[jax.Array, jax.Array]:
+    hi = float(np.asarray(float(_INV_E), dtype))
+    lo = float(_INV_E - fractions.Fraction(hi))
+    return jnp.asarray(hi, dtype), jnp.asarray(lo, dtype)
+
+
+def _distance_to_branch_point(z: jax.Array) -> jax.Array:
+    """``e z + 1``, exact to rounding for z near -1/e (z + hi is exact there, by Sterbenz)."""
+    hi, lo = _inv_e_split(z.dtype)
+    # The barrier stops XLA from folding hi + lo into one constant, which would undo the split.
+    return jnp.maximum(math.e * (jax.lax.optimization_barrier(z + hi) + lo), 0.0)
+
+
+def _branch_point_series(p: jax.Array) -> jax.Array:
+    acc = jnp.zeros_like(p)
+    for mu in reversed(_MU):
+        acc = acc * p + mu
+    return acc
+
+
+def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
+    zn = log_z_over_w - w
+    wp1 = 1.0 + w
+    q = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
+    return w * (1.0 + zn / wp1 * (q - zn) / (q - 2.0 * zn))
+
+
+def _as_float(x: ArrayLike) -> jax.Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    return x
+
+
+def _branch0(z: jax.Array) -> jax.Array:
+    hi, _ = _inv_e_split(z.dtype)
+    delta = _distance_to_branch_point(z)
+    p = jnp.sqrt(2.0 * delta)
+    series = _branch_point_series(p)
+    log1pz = jnp.log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
+    winitzki = log1pz * (1.0 - jnp.log1p(log1pz) / (2.0 + log1pz))
+    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, winitzki)
+    # z/w -> 1 as z -> 0; keep the ratio defined there and patch z == 0 below.
+    w = jnp.where(z == 0, 1.0, w)
+    z_nz = jnp.where(z == 0, 1.0, z)
+    for _ in range(_NUM_FRITSCH_STEPS):
+        w = _fritsch_step(w, jnp.log(z_nz / w))
+    w = jnp.where(p < _SERIES_ONLY_BELOW, series, w)
+    w = jnp.where(z == 0, 0.0, w)
+    w = jnp.where(z == jnp.inf, jnp.inf, w)
+    return jnp.where(z >= -hi, w, jnp.nan)  # -hi is the dtype's nearest value to -1/e
+
+
+def _branch_m1(s: jax.Array, delta: jax.Array) -> jax.Array:
+    """Shared W_{-1} solver from s = log(-z) and delta = e z + 1 (exact near the branch point).
+
+    The iteration uses log(z / w) = s - log(-w): the ratio z / w itself underflows for tiny z.
+    """
+    p = -jnp.sqrt(2.0 * jnp.maximum(delta, 0.0))
+    series = _branch_point_series(p)
+    l1 = jnp.minimum(s, -1.0)
+    l2 = jnp.log(-l1)
+    asymptotic = l1 - l2 + l2 / l1
+    w = jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, asymptotic)
+    for _ in range(_NUM_FRITSCH_STEPS):
+        w = _fritsch_step(w, s - jnp.log(-w))
+    return jnp.where(-p < _SERIES_ONLY_BELOW, series, w)
+
+
+def _branch_m1_of_z(z: jax.Array) -> jax.Array:
+    hi, _ = _inv_e_split(z.dtype)
+    delta = _distance_to_branch_point(z)
+    z_neg = jnp.where(z < 0, z, -1.0)
+    w = _branch_m1(jnp.log(-z_neg), delta)
+    w = jnp.where(z == 0, -jnp.inf, w)
+    return jnp.where((z >= -hi) & (z <= 0), w, jnp.nan)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _lambertw(z: jax.Array, k: int) -> jax.Array:
+    return _branch0(z) if k == 0 else _branch_m1_of_z(z)
+
+
+@_lambertw.defjvp
+def _lambertw_jvp(k, primals, tangents):
+    (z,), (dz,) = primals, tangents
+    w = _lambertw(z, k)
+    if k == 0:
+        dw_dz = jnp.exp(-w) / (1.0 + w)
+    else:
+        dw_dz = w / (z * (1.0 + w))
+    return w, dw_dz * dz
+
+
+def lambertw(z: ArrayLike, k: int = 0) -> jax.Array:
+    """Real Lambert W: the solution w of ``w exp(w) = z`` on branch ``k``.
+
+    Args:
+      z: real array of any shape, float32 or float64 (integers are promoted).
+      k: branch, ``0`` (``W_0 >= -1``, defined for ``z >= -1/e``) or ``-1``
+        (``W_{-1} <= -1``, defined for ``-1/e <= z < 0``). A Python int, not traced.
+
+    Returns:
+      ``W_k(z)`` with the dtype of ``z``. NaN outside the real domain, ``-inf`` at ``z = 0`` on
+      ``k = -1``, exactly ``-1`` at the dtype's nearest value to ``-1/e`` on both branches.
+
+    The algorithm and its references are in the module docstring. Derivatives by ``custom_jvp``
+    (``W' = W / (z (1 + W))``), so ``jax.grad`` of any order works and never differentiates
+    through the iterations.
+    """
+    if k not in (0, -1):
+        raise ValueError(f"lambertw: branch k must be 0 or -1 (real branches), got k={k!r}")
+    return _lambertw(_as_float(z), k)
+
+
+@jax.custom_jvp
+def _lambertw_m1_log(s: jax.Array) -> jax.Array:
+    delta = -jnp.expm1(jnp.minimum(s + 1.0, 0.0))  # e z + 1 for z = -exp(s), exact
+    w = _branch_m1(s, delta)
+    w = jnp.where(s == -jnp.inf, -jnp.inf, w)
+    return jnp.where(s <= -1.0, w, jnp.nan)
+
+
+@_lambertw_m1_log.defjvp
+def _lambertw_m1_log_jvp(primals, tangents):
+    (s,), (ds,) = primals, tangents
+    w = _lambertw_m1_log(s)
+    return w, w / (1.0 + w) * ds
+
+
+def lambertw_m1_log(s: ArrayLike) -> jax.Array:
+    """Lower branch from log space: ``W_{-1}(-exp(s))`` for ``s <= -1``.
+
+    Solves ``w + log(-w) = s`` with ``w <= -1`` without forming ``-exp(s)``, which underflows
+    for the arguments the optimal lookahead needs (DESIGN.md: ``s = (r - 1) log(alpha) - 1``
+    reaches ``-1e4`` and beyond). Accurate for ``s`` down to ``-1e6`` and further in float32 and
+    float64. Same algorithm as :func:`lambertw`, with ``log(z / w) = s - log(-w)``.
+
+    Args:
+      s: real array, float32 or float64.
+
+    Returns:
+      ``w`` with the dtype of ``s``; NaN for ``s > -1``, ``-1`` at ``s = -1``, ``-inf`` at
+      ``s = -inf``. Derivative ``dw/ds = w / (1 + w)`` by ``custom_jvp``.
+    """
+    return _lambertw_m1_log(_as_float(s))

@@ -1,0 +1,349 @@
+"""The optimal draft size N*(M): gradient-based solve, implicit derivatives, the linear law.
+
+Composite objective [SDSL 2026, arXiv 2603.11053]: a draft of N parameters trained on D tokens
+and a target of M parameters trained on D' tokens have perplexities ``x = exp L(N, D)`` and
+``y = exp L(M, D')``, acceptance ``alpha = A x + B y + C``, and at the best lookahead::
+
+    T(N, M, D, D') = max_gamma T(gamma; N, M, alpha) = log(alpha) / (2 N (1 - alpha) w)
+
+``N* = argmax_N T`` is solved in ``u = log N`` as the root of the stationarity condition
+``g(u) = d log T / du = 0``:
+
+1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
+   detects the failure modes (no admissible draft, no speed-up, maximum at the lower bound);
+2. safeguarded Newton on ``g`` inside the bracket (``g'`` by autodiff; a bisection step
+   whenever the Newton step leaves the bracket or lands where the model is inadmissible),
+   until the step is below ``tol`` in ``log N``;
+3. derivatives of N* with respect to every float input (M, D, D', each field of the loss law and
+   the plane) by the implicit function theorem through ``jax.lax.custom_root``:
+   ``du*/dtheta = -(dg/dtheta) / (dg/du)``. The iterations are never differentiated.
+
+Everything is vectorised over broadcast shapes of ``m_target``, ``d_draft``, ``d_target`` and the
+fields of ``loss`` and ``plane`` (so posterior draws of the coefficients can be passed directly).
+
+Precision follows the inputs' dtype. N* is weakly identified (T is flat: T(N*/2)/T* ~ 0.98),
+so float32 locates it only to about 1e-3 relative; enable x64 for 1e-6 and beyond.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from sdsl_jax.acceptance import SDSL2026, AcceptancePlane, acceptance_rate
+from sdsl_jax.scaling import HOFFMANN2022, LossLaw, perplexity
+from sdsl_jax.speculative import optimal_lookahead, optimal_throughput
+
+__all__ = [
+    "SolveStatus",
+    "DraftSizeSolution",
+    "LinearLaw",
+    "draft_acceptance",
+    "draft_throughput",
+    "solve_draft_size",
+    "optimal_draft_size",
+    "fit_linear_law",
+]
+
+
+class SolveStatus(enum.IntEnum):
+    """Why a draft-size solve ended (``DraftSizeSolution.status``)."""
+
+    SUCCESS = 0
+    NO_ADMISSIBLE_DRAFT = 1  # alpha outside (0, 1) for every N searched
+    NO_SPEEDUP = 2  # no draft size gives more tokens per FLOP than the target alone
+    AT_LOWER_BOUND = 3  # throughput still rises as N decreases to n_min
+    NOT_CONVERGED = 4  # Newton/bisection did not reach tol within max_steps
+
+
+class DraftSizeSolution(NamedTuple):
+    """Result of :func:`solve_draft_size`; every field has the broadcast shape of the inputs.
+
+    Attributes:
+      n_star: optimal draft size N* (NaN unless ``status == SUCCESS``).
+      gamma_star: optimal continuous lookahead at N*.
+      alpha: acceptance at N*.
+      throughput: tokens per FLOP at N* (T*).
+      status: :class:`SolveStatus` codes (int32).
+      num_steps: Newton/bisection steps taken.
+    """
+
+    n_star: jax.Array
+    gamma_star: jax.Array
+    alpha: jax.Array
+    throughput: jax.Array
+    status: jax.Array
+    num_steps: jax.Array
+
+
+class LinearLaw(NamedTuple):
+    """``N* ~ mu M + m0`` (SDSL's summary of N*(M))."""
+
+    mu: jax.Array
+    m0: jax.Array
+
+
+def draft_acceptance(
+    n_draft: ArrayLike,
+    m_target: ArrayLike,
+    *,
+    d_draft: ArrayLike,
+    d_target: ArrayLike,
+    loss: LossLaw = HOFFMANN2022,
+    plane: AcceptancePlane = SDSL2026,
+) -> jax.Array:
+    """Acceptance ``alpha(exp L(N, D), exp L(M, D'))`` predicted by the loss law and the plane."""
+    return acceptance_rate(perplexity(n_draft, d_draft, loss), perplexity(m_target, d_target, loss), plane)
+
+
+def draft_throughput(
+    n_draft: ArrayLike,
+    m_target: ArrayLike,
+    *,
+    d_draft: ArrayLike,
+    d_target: ArrayLike,
+    loss: LossLaw = HOFFMANN2022,
+    plane: AcceptancePlane = SDSL2026,
+) -> jax.Array:
+    """Composite objective ``T(N, M, D, D')``: tokens per FLOP at the best lookahead.
+
+    NaN where the pair is inadmissible (alpha outside (0, 1)); ``1 / (2 M)`` where drafting does
+    not pay (the best lookahead is 0).
+    """
+    alpha = draft_acceptance(n_draft, m_target, d_draft=d_draft, d_target=d_target, loss=loss, plane=plane)
+    return optimal_throughput(alpha, n_draft, m_target)
+
+
+class _Problem(NamedTuple):
+    m: jax.Array
+    d_draft: jax.Array
+    d_target: jax.Array
+    loss: LossLaw
+    plane: AcceptancePlane
+
+
+def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
+    n = jnp.exp(u)
+    return jnp.log(draft_throughput(n, p.m, d_draft=p.d_draft, d_target=p.d_target, loss=p.loss, plane=p.plane))
+
+
+def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
+    """Scalar solve; returns (u*, status, steps)."""
+    log_m = jnp.log(p.m)
+    grid = jnp.linspace(log_n_min, log_m, num_grid)
+    f_grid = jax.vmap(_log_throughput, (0, None))(jax.lax.stop_gradient(grid), jax.lax.stop_gradient(p))
+    admissible = jnp.isfinite(f_grid)
+    gain = jnp.where(admissible, f_grid + jnp.log(2.0 * p.m), -jnp.inf)  # log(T / T_target)
+    k = jnp.argmax(gain)
+    no_admissible = ~jnp.any(admissible)
+    no_speedup = ~no_admissible & (gain[k] <= 0)
+
+    def stationarity(u):
+        return jax.grad(_log_throughput)(u, p)
+
+    def solve(g, u0):
+        dg = jax.grad(g)
+        lo = grid[jnp.maximum(k - 1, 0)]
+        hi = grid[jnp.minimum(k + 1, num_grid - 1)]
+
+        def cond(state):
+            _, _, _, done, step = state
+            return (~done) & (step < max_steps)
+
+        def body(state):
+            u, lo, hi, _, step = state
+            gu, dgu = g(u), dg(u)
+            finite = jnp.isfinite(gu)
+            # NaN means an inadmissible point: it lies on the far side from the grid maximum.
+            go_right = jnp.where(finite, gu > 0, u < u0)
+            lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
+            newton = u - gu / dgu
+            use_newton = finite & (dgu < 0) & (newton > lo) & (newton < hi)
+            u_next = jnp.where(use_newton, newton, 0.5 * (lo + hi))
+            scale = 1.0 + jnp.abs(u)
+            done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
+            return u_next, lo, hi, done, step + 1
+
+        u, _, _, done, steps = jax.lax.while_loop(cond, body, (u0, lo, hi, jnp.asarray(False), 0))
+        # custom_root gives aux outputs float tangents: carry them as floats.
+        return u, (done.astype(u.dtype), steps.astype(u.dtype))
+
+    u0 = jax.lax.stop_gradient(grid[k])
+    u, (done, steps) = jax.lax.custom_root(
+        stationarity, u0, solve, lambda g, y: y / g(jnp.ones_like(y)), has_aux=True
+    )
+    done, steps = done > 0, steps.astype(jnp.int32)
+    spacing = (log_m - log_n_min) / (num_grid - 1)
+    at_lower = (k == 0) & (jax.lax.stop_gradient(u) - log_n_min <= 1e-3 * spacing)
+    status = jnp.select(
+        [no_admissible, no_speedup, at_lower, ~done],
+        [SolveStatus.NO_ADMISSIBLE_DRAFT, SolveStatus.NO_SPEEDUP, SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
+        SolveStatus.SUCCESS,
+    ).astype(jnp.int32)
+    return u, status, steps
+
+
+def solve_draft_size(
+    m_target: ArrayLike,
+    *,
+    d_draft: ArrayLike,
+    d_target: ArrayLike,
+    loss: LossLaw = HOFFMANN2022,
+    plane: AcceptancePlane = SDSL2026,
+    n_min: float = 1.0,
+    num_grid: int = 64,
+    max_steps: int = 60,
+    tol: float | None = None,
+) -> DraftSizeSolution:
+    """Solve ``N* = argmax_N T(N, M, D, D')`` and report how each solve ended.
+
+    Args:
+      m_target: target size(s) M, any shape.
+      d_draft: draft training tokens D (broadcasts with ``m_target``).
+      d_target: target training tokens D'.
+      loss: loss-law coefficients (fields may be arrays, e.g. posterior draws, that broadcast).
+      plane: acceptance-plane coefficients (fields may be arrays).
+      n_min: smallest draft size searched; the largest is M.
+      num_grid: points of the log-spaced bracketing grid. The model must be unimodal in log N
+        on the admissible part of ``[n_min, M]`` and that part must contain a grid point.
+      max_steps: cap on Newton/bisection steps.
+      tol: stop when a Newton step in ``log N`` is below ``tol * (1 + |log N|)``; the error
+        after that step is of order its square (default: the square root of the dtype's eps).
+
+    Returns:
+      A :class:`DraftSizeSolution`. ``n_star`` is NaN wherever ``status != SUCCESS``.
+      ``n_star`` is differentiable (forward and reverse mode) with respect to every float input
+      by the implicit function theorem.
+
+    Raises:
+      ValueError: naming the argument, for concrete inputs outside the model (non-positive or
+        non-finite sizes and token counts, non-finite coefficients, a bad ``n_min``/``num_grid``).
+    """
+    _check_positive("m_target", m_target)
+    _check_positive("d_draft", d_draft)
+    _check_positive("d_target", d_target)
+    for name, law in (("loss", loss), ("plane", plane)):
+        for field, value in zip(law._fields, law):
+            _check_finite(f"{name}.{field}", value)
+    if not (isinstance(n_min, (int, float)) and n_min > 0 and math.isfinite(n_min)):
+        raise ValueError(f"n_min must be a positive finite number, got {n_min!r}")
+    if num_grid < 3:
+        raise ValueError(f"num_grid must be at least 3, got {num_grid!r}")
+
+    leaves = [m_target, d_draft, d_target, *loss, *plane]
+    dtype = jnp.result_type(*leaves, float)
+    leaves = jnp.broadcast_arrays(*(jnp.asarray(x, dtype) for x in leaves))
+    shape = leaves[0].shape
+    flat = [x.reshape(-1) for x in leaves]
+    nl = len(loss)
+    problems = _Problem(flat[0], flat[1], flat[2], LossLaw(*flat[3 : 3 + nl]), AcceptancePlane(*flat[3 + nl :]))
+    if tol is None:
+        tol = float(jnp.finfo(dtype).eps) ** 0.5
+    log_n_min = jnp.log(jnp.asarray(n_min, dtype))
+
+    u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(
+        problems, log_n_min, num_grid, max_steps, tol
+    )
+    ok = status == SolveStatus.SUCCESS
+    n_star = jnp.where(ok, jnp.exp(jnp.where(ok, u, 0.0)), jnp.nan)
+    alpha = draft_acceptance(
+        n_star, problems.m, d_draft=problems.d_draft, d_target=problems.d_target, loss=problems.loss, plane=problems.plane
+    )
+    solution = DraftSizeSolution(
+        n_star=n_star,
+        gamma_star=optimal_lookahead(alpha, n_star, problems.m),
+        alpha=alpha,
+        throughput=optimal_throughput(alpha, n_star, problems.m),
+        status=status,
+        num_steps=steps,
+    )
+    return jax.tree.map(lambda x: x.reshape(shape), solution)
+
+
+def optimal_draft_size(
+    m_target: ArrayLike,
+    *,
+    d_draft: ArrayLike,
+    d_target: ArrayLike,
+    loss: LossLaw = HOFFMANN2022,
+    plane: AcceptancePlane = SDSL2026,
+    **solver_options,
+) -> jax.Array:
+    """N*: the draft size maximising tokens per FLOP for each target size M.
+
+    ``N*(M) = argmax_N T(N, M, D, D')`` with ``T`` from :func:`draft_throughput`; see
+    :func:`solve_draft_size` for the method, the options and the reasons behind a NaN.
+
+    Returns:
+      N* with the broadcast shape of the inputs; NaN where no admissible optimum exists.
+    """
+    return solve_draft_size(
+        m_target, d_draft=d_draft, d_target=d_target, loss=loss, plane=plane, **solver_options
+    ).n_star
+
+
+def fit_linear_law(m_target: ArrayLike, n_star: ArrayLike) -> LinearLaw:
+    """Least-squares fit of ``N* = mu M + m0`` over the finite pairs.
+
+    Args:
+      m_target: target sizes M, 1-D.
+      n_star: optimal draft sizes N*, same shape; NaN entries are ignored.
+
+    Returns:
+      :class:`LinearLaw` with ``mu`` (slope) and ``m0`` (intercept, parameters).
+
+    Raises:
+      ValueError: shapes differ, or fewer than two distinct finite pairs remain.
+
+    References:
+      SDSL (2026), arXiv 2603.11053: mu = 2.71e-3, m0 = 8.71e7 for M of about 13B-110B.
+    """
+    m, n = jnp.asarray(m_target), jnp.asarray(n_star)
+    if m.ndim != 1 or m.shape != n.shape:
+        raise ValueError(f"m_target and n_star must be 1-D of equal length, got shapes {m.shape} and {n.shape}")
+    dtype = jnp.result_type(m, n, float)
+    m, n = m.astype(dtype), n.astype(dtype)
+    w = (jnp.isfinite(m) & jnp.isfinite(n)).astype(dtype)
+    if not isinstance(w, jax.core.Tracer):
+        if int(np.unique(np.asarray(m)[np.asarray(w) > 0]).size) < 2:
+            raise ValueError("fit_linear_law needs at least two distinct target sizes with a finite n_star")
+    m, n = jnp.where(w > 0, m, 0.0), jnp.where(w > 0, n, 0.0)
+    # Centre (and scale) before solving: M ~ 1e11 and N* ~ 1e8 would square to 1e22.
+    m_mean = (w * m).sum() / w.sum()
+    n_mean = (w * n).sum() / w.sum()
+    dm, dn = w * (m - m_mean), w * (n - n_mean)
+    mu = (dm * dn).sum() / (dm * dm).sum()
+    return LinearLaw(mu=mu, m0=n_mean - mu * m_mean)
+
+
+def _concrete(x):
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
+def _check_finite(name: str, value) -> None:
+    x = _concrete(value)
+    if x is None:
+        return
+    if not np.issubdtype(x.dtype, np.number):
+        raise ValueError(f"{name} must be numeric, got {value!r}")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        raise ValueError(f"{name} must be finite; got {x[bad].ravel()[0]!r} at index {tuple(int(i) for i in np.argwhere(bad)[0])}")
+
+
+def _check_positive(name: str, value) -> None:
+    _check_finite(name, value)
+    x = _concrete(value)
+    if x is None:
+        return
+    bad = ~(x > 0)
+    if bad.any():
+        raise ValueError(
+            f"{name} must be > 0; got {x[bad].ravel()[0]!r} at index {tuple(int(i) for i in np.argwhere(bad)[0])}"
+        )

@@ -1,0 +1,238 @@
+"""Speculative-decoding theory: expected tokens, cost, throughput and the optimal lookahead.
+
+One iteration: the draft proposes ``gamma`` tokens, the target verifies them in one pass. With
+i.i.d. per-token acceptance ``alpha`` [Leviathan, Kalman & Matias 2023, eq. 1]::
+
+    E[tokens / iteration] = (1 - alpha^(gamma+1)) / (1 - alpha)
+
+Cost model. An iteration costs ``gamma`` draft steps and one target step. A step of a model with
+``n`` parameters costs ``flops_per_param * n`` (2 FLOPs per parameter per token by default, the
+SDSL FLOP model), so::
+
+    T(gamma; N, M, alpha) = E[tokens] / (2 N gamma + 2 M)                  tokens per FLOP
+
+Only ``c = N / M`` matters for the optimum, so ``n_draft`` and ``m_target`` may be any per-token
+costs of the two models (parameters, measured FLOPs, or latencies in seconds with
+``flops_per_param=1`` to get tokens per second): the same optimum serves a wall-clock model.
+
+Continuous optimum (dT/dgamma = 0, ``r = M / N``), with ``w = W_{-1}(-alpha^(r-1)/e)`` [DESIGN.md]::
+
+    gamma* = (1 + w) / log(alpha) - r = log(-w) / log(1/alpha) - 1
+    T*     = log(alpha) / (2 N (1 - alpha) w)
+
+The second form of gamma* follows from ``w + log(-w) = (r - 1) log(alpha) - 1`` and avoids the
+cancellation of two numbers of size ``r``: it stays exact in float32 for ``r`` up to 1e4 and far
+beyond. ``w`` is evaluated from log space by :func:`lambertw_m1_log`, since ``alpha^(r-1)``
+underflows.
+
+Outside the model (``alpha`` not in (0, 1), a non-positive size or cost, ``gamma < 0``) these
+pure functions return NaN; the user-facing helpers in :mod:`sdsl_jax.optimum` raise instead.
+
+References:
+  Leviathan, Kalman & Matias (2023), "Fast Inference from Transformers via Speculative
+  Decoding", ICML, eq. 1, Thm 3.8 (walltime), Thm 3.11 (arithmetic operations), Table 1.
+  Chen et al. (2023), "Accelerating Large Language Model Decoding with Speculative Sampling".
+  SDSL (2026), arXiv 2603.11053: the FLOP model and the Lambert-W optimum.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from sdsl_jax.lambertw import lambertw_m1_log
+
+__all__ = [
+    "expected_tokens",
+    "iteration_cost",
+    "throughput",
+    "speedup",
+    "operations_factor",
+    "optimal_lookahead",
+    "optimal_integer_lookahead",
+    "optimal_throughput",
+]
+
+
+def _floats(*xs: ArrayLike) -> tuple[jax.Array, ...]:
+    dtype = jnp.result_type(*xs, float)
+    return tuple(jnp.asarray(x, dtype) for x in xs)
+
+
+def _valid_alpha(alpha: jax.Array) -> jax.Array:
+    return (alpha > 0) & (alpha < 1)
+
+
+def _nan_unless(ok: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.where(ok, x, jnp.nan)
+
+
+def _expected_tokens(alpha: jax.Array, gamma: jax.Array) -> jax.Array:
+    # (1 - a^(g+1)) / (1 - a) as a ratio of expm1's: both keep full relative precision as
+    # log(a) -> 0, so the alpha -> 1 limit (g + 1) is reached smoothly, gradients included.
+    log_a = jnp.log(jnp.where(_valid_alpha(alpha), alpha, 0.5))
+    return jnp.expm1((gamma + 1.0) * log_a) / jnp.expm1(log_a)
+
+
+def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> jax.Array:
+    """Expected tokens produced per iteration, ``(1 - alpha^(gamma+1)) / (1 - alpha)``.
+
+    Args:
+      alpha: per-token acceptance rate in (0, 1).
+      gamma: lookahead (drafted tokens per iteration), >= 0; need not be an integer.
+
+    Returns:
+      The expectation, broadcast over the inputs; NaN outside the model.
+
+    References:
+      Leviathan et al. (2023), eq. 1.
+    """
+    alpha, gamma = _floats(alpha, gamma)
+    ok = _valid_alpha(alpha) & (gamma >= 0)
+    return _nan_unless(ok, _expected_tokens(alpha, jnp.where(ok, gamma, 0.0)))
+
+
+def iteration_cost(
+    gamma: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike, *, flops_per_param: float = 2.0
+) -> jax.Array:
+    """Cost of one iteration, ``flops_per_param * (n_draft * gamma + m_target)``.
+
+    ``gamma`` draft forward passes and ONE target verification pass (SDSL's FLOP model). With
+    latencies for ``n_draft``, ``m_target`` and ``flops_per_param=1`` this is seconds.
+    """
+    gamma, n, m = _floats(gamma, n_draft, m_target)
+    ok = (gamma >= 0) & (n > 0) & (m > 0)
+    return _nan_unless(ok, flops_per_param * (n * gamma + m))
+
+
+def throughput(
+    alpha: ArrayLike,
+    gamma: ArrayLike,
+    n_draft: ArrayLike,
+    m_target: ArrayLike,
+    *,
+    flops_per_param: float = 2.0,
+) -> jax.Array:
+    """Tokens per FLOP, ``T = (1 - alpha^(gamma+1)) / ((1 - alpha) (2 N gamma + 2 M))``.
+
+    Args:
+      alpha: per-token acceptance rate in (0, 1).
+      gamma: lookahead >= 0 (continuous).
+      n_draft: draft size N (or any per-token cost of the draft).
+      m_target: target size M (or the target's per-token cost, in the same unit).
+      flops_per_param: cost of one token per unit of size (2 FLOPs per parameter).
+
+    Returns:
+      Tokens per unit cost; NaN outside the model.
+
+    References:
+      SDSL (2026), arXiv 2603.11053; Leviathan et al. (2023), eq. 1.
+    """
+    return expected_tokens(alpha, gamma) / iteration_cost(
+        gamma, n_draft, m_target, flops_per_param=flops_per_param
+    )
+
+
+def speedup(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike) -> jax.Array:
+    """Leviathan's expected walltime improvement ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
+
+    Args:
+      alpha: acceptance rate in (0, 1).
+      gamma: lookahead >= 0.
+      c: cost ratio, the time of one draft step over one target step, >= 0.
+
+    References:
+      Leviathan et al. (2023), Theorem 3.8.
+    """
+    alpha, gamma, c = _floats(alpha, gamma, c)
+    return _nan_unless(c >= 0, expected_tokens(alpha, gamma) / (gamma * c + 1.0))
+
+
+def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> jax.Array:
+    """Expected factor of increase in arithmetic operations, ``(1-alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``.
+
+    ``c_hat`` is the draft's arithmetic operations per token over the target's.
+
+    References:
+      Leviathan et al. (2023), Theorem 3.11.
+    """
+    alpha, gamma, c_hat = _floats(alpha, gamma, c_hat)
+    ops = (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
+    return _nan_unless(c_hat >= 0, ops)
+
+
+def _lower_branch(alpha: jax.Array, n: jax.Array, m: jax.Array):
+    """Return (w, log_alpha, ok) with w = W_{-1}(-alpha^(r-1)/e); ok marks a stationary point."""
+    ok = _valid_alpha(alpha) & (n > 0) & (m > 0)
+    log_a = jnp.log(jnp.where(ok, alpha, 0.5))
+    r = jnp.where(ok, m / jnp.where(ok, n, 1.0), 2.0)
+    s = (r - 1.0) * log_a - 1.0
+    # s > -1 (r < 1) has no stationary point: drafting never pays. Clamp so the NaN of
+    # lambertw_m1_log cannot leak into gradients through the where below.
+    has_stationary = s <= -1.0
+    w = lambertw_m1_log(jnp.minimum(s, -1.0))
+    return w, log_a, ok, has_stationary
+
+
+def optimal_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike) -> jax.Array:
+    """Continuous lookahead maximising throughput over ``gamma >= 0``.
+
+    ``gamma* = log(-w) / log(1/alpha) - 1`` with ``w = W_{-1}(-alpha^(r-1)/e)``, ``r = M/N``;
+    equal to DESIGN.md's ``(1 + w)/log(alpha) - r`` but without its cancellation. ``T`` is
+    unimodal in gamma, so when the stationary point is negative, or absent (``r <= 1``), the
+    maximiser over ``gamma >= 0`` is 0: drafting does not pay.
+
+    Args:
+      alpha: acceptance rate in (0, 1).
+      n_draft, m_target: per-token costs of draft and target (only ``M/N`` matters).
+
+    Returns:
+      gamma* >= 0; NaN outside the model.
+
+    References:
+      SDSL (2026), arXiv 2603.11053; DESIGN.md check values.
+    """
+    alpha, n, m = _floats(alpha, n_draft, m_target)
+    w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
+    gamma = jnp.log(-w) / (-log_a) - 1.0
+    gamma = jnp.where(has_stationary, jnp.maximum(gamma, 0.0), 0.0)
+    return _nan_unless(ok, gamma)
+
+
+def optimal_throughput(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike, *, flops_per_param: float = 2.0) -> jax.Array:
+    """Throughput at the continuous optimal lookahead, ``T* = log(alpha) / (2 N (1 - alpha) w)``.
+
+    When drafting does not pay (gamma* = 0) this is the target alone, ``1 / (2 M)``.
+
+    Args:
+      alpha: acceptance rate in (0, 1).
+      n_draft, m_target: sizes (or per-token costs) of draft and target.
+      flops_per_param: cost per unit of size per token (2 FLOPs per parameter).
+
+    Returns:
+      Tokens per unit cost; NaN outside the model.
+    """
+    alpha, n, m = _floats(alpha, n_draft, m_target)
+    w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
+    # log(a)/(1-a) written as log(a)/(-expm1(log a)) keeps precision as alpha -> 1.
+    t_star = log_a / (-jnp.expm1(log_a) * w) / (flops_per_param * jnp.where(ok, n, 1.0))
+    drafting_pays = has_stationary & (jnp.log(-w) > -log_a)  # gamma* > 0
+    target_alone = 1.0 / (flops_per_param * jnp.where(ok, m, 1.0))
+    return _nan_unless(ok, jnp.where(drafting_pays, t_star, target_alone))
+
+
+def optimal_integer_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike) -> jax.Array:
+    """Best integer lookahead: ``floor(gamma*)`` or ``ceil(gamma*)``, whichever has higher T.
+
+    T is unimodal in gamma, so the integer optimum is a neighbour of the continuous one.
+
+    Returns:
+      The best integer gamma >= 0 as a float array (NaN outside the model).
+    """
+    alpha, n, m = _floats(alpha, n_draft, m_target)
+    gamma = optimal_lookahead(alpha, n, m)
+    lo, hi = jnp.floor(gamma), jnp.ceil(gamma)
+    t_lo = throughput(alpha, lo, n, m)
+    t_hi = throughput(alpha, hi, n, m)
+    return jnp.where(t_hi > t_lo, hi, lo)

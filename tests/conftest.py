@@ -1,0 +1,24 @@
+"""Test configuration: float64 available everywhere, strict dtype promotion, 4 CPU devices.
+
+Tests that check float32 behaviour pass float32 arrays explicitly; everything else runs in
+float64, where the accuracy targets are stated.
+"""
+
+import os
+
+# Multi-device paths (sharding) are exercised on the CPU; must be set before jax is imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture(params=["eager", "jit"])
+def maybe_jit(request):
+    """Run a numeric test both as plain calls and under ``jax.jit``."""
+    if request.param == "eager":
+        return lambda f, **kw: f
+    return lambda f, **kw: jax.jit(f, **kw)

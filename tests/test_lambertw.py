@@ -1,0 +1,157 @@
+"""Lambert W against mpmath at 50 digits, special values, derivatives and properties."""
+
+import math
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from jax.test_util import check_grads
+
+from sdsl_jax import lambertw, lambertw_m1_log
+
+mpmath.mp.dps = 50
+INV_E = float(1 / mpmath.e)
+
+
+def mp_lambertw(z, k):
+    return float(mpmath.lambertw(mpmath.mpf(float(z)), k).real)
+
+
+def mp_lambertw_m1_log(s):
+    return float(mpmath.lambertw(-mpmath.exp(mpmath.mpf(float(s))), -1).real)
+
+
+def domain_points(dtype, k):
+    """Log-spaced points across the branch's whole domain plus points near -1/e."""
+    tiny, huge = (1e-300, 1e308) if dtype == np.float64 else (1e-37, 3e38)
+    negative = -np.geomspace(tiny, INV_E * (1 - 1e-12), 1200)
+    # z = -1/e + delta: distances 1e-16 .. 1e-1 (float32: from its resolution near 1/e).
+    near = -INV_E + np.geomspace(1e-16 if dtype == np.float64 else 3e-8, 1e-1, 400)
+    parts = [negative, near] + ([np.geomspace(tiny, huge, 1200)] if k == 0 else [])
+    z = np.concatenate(parts).astype(dtype)
+    return z[(z >= -INV_E) & (z != 0)]
+
+
+def relative_error(got, want):
+    return np.abs(got.astype(np.float64) - want) / np.abs(want)
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_float64_matches_mpmath_across_domain(k):
+    z = domain_points(np.float64, k)
+    got = np.asarray(jax.jit(lambertw, static_argnums=1)(jnp.asarray(z), k))
+    want = np.array([mp_lambertw(x, k) for x in z])
+    # Distance to the branch point of the exact float input.
+    distance = np.array([float(mpmath.mpf(float(x)) + 1 / mpmath.e) for x in z])
+    far = distance > 1e-10
+    assert np.all(np.isfinite(got))
+    assert relative_error(got[far], want[far]).max() <= 1e-13
+    assert np.abs(got[~far] - want[~far]).max() <= 1e-7
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_float32_matches_mpmath_across_domain(k):
+    z = domain_points(np.float32, k)
+    got = np.asarray(lambertw(jnp.asarray(z), k))
+    assert got.dtype == np.float32
+    want = np.array([mp_lambertw(x, k) for x in z])
+    assert np.all(np.isfinite(got))
+    assert relative_error(got, want).max() <= 1e-5
+
+
+def test_points_within_1e12_of_branch_point():
+    z = -INV_E + np.geomspace(1e-17, 1e-12, 60)
+    for k in (0, -1):
+        got = np.asarray(lambertw(jnp.asarray(z), k))
+        want = np.array([mp_lambertw(x, k) for x in z])
+        assert np.abs(got - want).max() <= 1e-7
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_log_entry_matches_mpmath_down_to_minus_1e6(dtype):
+    s = np.concatenate([-1 - np.geomspace(1e-12, 1e-1, 100), -np.geomspace(1.1, 1e6, 800)]).astype(dtype)
+    got = np.asarray(lambertw_m1_log(jnp.asarray(s)))
+    assert got.dtype == dtype
+    want = np.array([mp_lambertw_m1_log(x) for x in s])
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    assert relative_error(got, want).max() <= tol
+
+
+def test_log_entry_agrees_with_z_entry_where_both_apply():
+    s = -np.geomspace(1.0001, 600, 200)
+    np.testing.assert_allclose(lambertw_m1_log(s), lambertw(-np.exp(s), -1), rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_special_values(dtype, maybe_jit):
+    w0 = maybe_jit(lambda z: lambertw(z, 0))
+    wm1 = maybe_jit(lambda z: lambertw(z, -1))
+    at = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    branch_point = at(-1 / math.e)  # the dtype's nearest value to -1/e
+    assert float(w0(branch_point)) == -1.0 and float(wm1(branch_point)) == -1.0
+    assert float(w0(at(0.0))) == 0.0
+    assert float(wm1(at(0.0))) == -np.inf
+    assert float(w0(at(np.inf))) == np.inf
+    assert float(w0(at(math.e))) == pytest.approx(1.0, rel=1e-6)
+    # Outside the real domain: NaN, never a wrong finite number.
+    assert np.isnan(w0(at(-0.5))) and np.isnan(wm1(at(-0.5)))
+    assert np.isnan(wm1(at(0.1))) and np.isnan(w0(at(np.nan)))
+    assert float(lambertw_m1_log(at(-1.0))) == -1.0
+    assert np.isnan(lambertw_m1_log(at(-0.99)))
+    assert float(lambertw_m1_log(at(-np.inf))) == -np.inf
+
+
+def test_shapes_vmap_and_integer_input():
+    z = jnp.linspace(-0.3, 5.0, 12).reshape(3, 4)
+    assert lambertw(z).shape == (3, 4)
+    np.testing.assert_allclose(jax.vmap(lambertw)(z), lambertw(z), rtol=0)
+    assert float(lambertw(1)) == pytest.approx(0.5671432904097838, rel=1e-15)
+
+
+def test_bad_branch_is_a_clear_error():
+    with pytest.raises(ValueError, match="branch k must be 0 or -1"):
+        lambertw(1.0, k=1)
+
+
+@pytest.mark.parametrize("z, k", [(-0.3, 0), (0.0, 0), (2.5, 0), (1e5, 0), (-0.3, -1), (-1e-3, -1), (-1e-30, -1)])
+def test_derivatives_match_finite_differences(z, k):
+    check_grads(lambda x: lambertw(x, k), (z,), order=2, modes=("fwd", "rev"), eps=abs(z) * 1e-5 or 1e-5)
+
+
+def test_derivative_at_zero_is_one_and_second_is_minus_two():
+    assert float(jax.grad(lambertw)(0.0)) == 1.0
+    assert float(jax.grad(jax.grad(lambertw))(0.0)) == pytest.approx(-2.0, rel=1e-14)
+
+
+@pytest.mark.parametrize("s", [-1.5, -10.0, -1e3, -1e6])
+def test_log_entry_derivatives_match_finite_differences(s):
+    check_grads(lambertw_m1_log, (s,), order=2, modes=("fwd", "rev"), eps=abs(s) * 1e-5)
+
+
+def test_derivatives_do_not_differentiate_the_iterations():
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambertw))(1.0))
+    # The custom rule's tangent is one expression in w; unrolled iterations would add many logs.
+    assert jaxpr.count("log") < 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-INV_E, max_value=1e300))
+def test_inverse_identity_branch0(z):
+    w = float(lambertw(z))
+    assert w >= -1.0
+    assert w * math.exp(w) == pytest.approx(z, rel=1e-12, abs=1e-300) if w < 700 else math.isclose(
+        math.log(z), w + math.log(w), rel_tol=1e-14
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-INV_E, max_value=-1e-300))
+def test_inverse_identity_and_ordering_branch_m1(z):
+    w_m1, w_0 = float(lambertw(z, -1)), float(lambertw(z, 0))
+    assert w_m1 <= -1.0 <= w_0
+    # w + log(-w) = log(-z) is the well-conditioned form of w e^w = z on this branch.
+    assert w_m1 + math.log(-w_m1) == pytest.approx(math.log(-z), rel=1e-13, abs=1e-13)
