@@ -196,18 +196,25 @@ def lambertw(z: ArrayLike, k: int = 0) -> jax.Array:
 
 
 @jax.custom_jvp
-def _lambertw_m1_log(s: jax.Array) -> jax.Array:
-    delta = -jnp.expm1(jnp.minimum(s + 1.0, 0.0))  # e z + 1 for z = -exp(s), exact
-    w = _branch_m1(s, delta)
-    w = jnp.where(s == -jnp.inf, -jnp.inf, w)
-    return jnp.where(s <= -1.0, w, jnp.nan)
+def lambertw_m1_log_shifted(t: jax.Array) -> jax.Array:
+    """``W_{-1}(-exp(t - 1))`` for ``t <= 0``: :func:`lambertw_m1_log` at ``s = t - 1``.
+
+    For callers that hold ``t = s + 1`` exactly, such as ``t = (r - 1) log(alpha)`` in the
+    optimal lookahead: near the branch point (``t -> 0``, alpha -> 1) the distance
+    ``e z + 1 = -expm1(t)`` is then exact, whereas forming ``s`` first would round it away.
+    Derivative ``dw/dt = w / (1 + w)``.
+    """
+    delta = -jnp.expm1(jnp.minimum(t, 0.0))
+    w = _branch_m1(t - 1.0, delta)
+    w = jnp.where(t == -jnp.inf, -jnp.inf, w)
+    return jnp.where(t <= 0.0, w, jnp.nan)
 
 
-@_lambertw_m1_log.defjvp
-def _lambertw_m1_log_jvp(primals, tangents):
-    (s,), (ds,) = primals, tangents
-    w = _lambertw_m1_log(s)
-    return w, w / (1.0 + w) * ds
+@lambertw_m1_log_shifted.defjvp
+def _lambertw_m1_log_shifted_jvp(primals, tangents):
+    (t,), (dt,) = primals, tangents
+    w = lambertw_m1_log_shifted(t)
+    return w, w / (1.0 + w) * dt
 
 
 def lambertw_m1_log(s: ArrayLike) -> jax.Array:
@@ -225,4 +232,4 @@ def lambertw_m1_log(s: ArrayLike) -> jax.Array:
       ``w`` with the dtype of ``s``; NaN for ``s > -1``, ``-1`` at ``s = -1``, ``-inf`` at
       ``s = -inf``. Derivative ``dw/ds = w / (1 + w)`` by ``custom_jvp``.
     """
-    return _lambertw_m1_log(_as_float(s))
+    return lambertw_m1_log_shifted(_as_float(s) + 1.0)

@@ -22,7 +22,7 @@ Continuous optimum (dT/dgamma = 0, ``r = M / N``), with ``w = W_{-1}(-alpha^(r-1
 
 The second form of gamma* follows from ``w + log(-w) = (r - 1) log(alpha) - 1`` and avoids the
 cancellation of two numbers of size ``r``: it stays exact in float32 for ``r`` up to 1e4 and far
-beyond. ``w`` is evaluated from log space by :func:`lambertw_m1_log`, since ``alpha^(r-1)``
+beyond. ``w`` is evaluated from log space (:func:`lambertw_m1_log`), since ``alpha^(r-1)``
 underflows.
 
 Outside the model (``alpha`` not in (0, 1), a non-positive size or cost, ``gamma < 0``) these
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from sdsl_jax.lambertw import lambertw_m1_log
+from sdsl_jax.lambertw import lambertw_m1_log_shifted
 
 __all__ = [
     "expected_tokens",
@@ -167,11 +167,13 @@ def _lower_branch(alpha: jax.Array, n: jax.Array, m: jax.Array):
     ok = _valid_alpha(alpha) & (n > 0) & (m > 0)
     log_a = jnp.log(jnp.where(ok, alpha, 0.5))
     r = jnp.where(ok, m / jnp.where(ok, n, 1.0), 2.0)
-    s = (r - 1.0) * log_a - 1.0
-    # s > -1 (r < 1) has no stationary point: drafting never pays. Clamp so the NaN of
-    # lambertw_m1_log cannot leak into gradients through the where below.
-    has_stationary = s <= -1.0
-    w = lambertw_m1_log(jnp.minimum(s, -1.0))
+    # w = W_{-1}(-exp(t - 1)), t = (r - 1) log(alpha), passed without forming t - 1 so that
+    # the branch-point distance stays exact as alpha -> 1.
+    t = (r - 1.0) * log_a
+    # t > 0 (r < 1) has no stationary point: drafting never pays. Clamp so the NaN of the
+    # Lambert W cannot leak into gradients through the where below.
+    has_stationary = t <= 0.0
+    w = lambertw_m1_log_shifted(jnp.minimum(t, 0.0))
     return w, log_a, ok, has_stationary
 
 
