@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from sdsl_jax._arrays import as_float
+
 __all__ = [
     "AcceptancePlane",
     "SDSL2026",
@@ -55,9 +57,7 @@ def acceptance_rate(ppl_draft: ArrayLike, ppl_target: ArrayLike, plane: Acceptan
     Returns:
       The plane's value (not clipped to (0, 1)); NaN for a perplexity below 1.
     """
-    x, y = jnp.asarray(ppl_draft), jnp.asarray(ppl_target)
-    dtype = jnp.result_type(x, y, *plane, float)
-    x, y = x.astype(dtype), y.astype(dtype)
+    x, y, *_ = as_float(ppl_draft, ppl_target, *plane)
     return jnp.where((x >= 1) & (y >= 1), plane.A * x + plane.B * y + plane.C, jnp.nan)
 
 
@@ -75,9 +75,8 @@ def acceptance_from_counts(accepted: ArrayLike, gamma: ArrayLike) -> jax.Array:
     Returns:
       alpha_hat over the last axis (NaN when there is no data: no accepted token and no rejection).
     """
-    k = jnp.asarray(accepted)
-    k = k.astype(jnp.result_type(k, float))
-    rejected = (k < jnp.asarray(gamma)).astype(k.dtype)
+    k, gamma = as_float(accepted, gamma)
+    rejected = (k < gamma).astype(k.dtype)
     total, r = k.sum(-1), rejected.sum(-1)
     return jnp.where(total + r > 0, total / jnp.where(total + r > 0, total + r, 1.0), jnp.nan)
 

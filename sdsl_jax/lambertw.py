@@ -47,6 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from sdsl_jax._arrays import as_float
+
 __all__ = ["lambertw", "lambertw_m1_log"]
 
 _NUM_SERIES_TERMS = 20
@@ -105,13 +107,6 @@ def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
     wp1 = 1.0 + w
     q = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
     return w * (1.0 + zn / wp1 * (q - zn) / (q - 2.0 * zn))
-
-
-def _as_float(x: ArrayLike) -> jax.Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        x = x.astype(jnp.result_type(float))
-    return x
 
 
 def _branch0(z: jax.Array) -> jax.Array:
@@ -192,7 +187,8 @@ def lambertw(z: ArrayLike, k: int = 0) -> jax.Array:
     """
     if k not in (0, -1):
         raise ValueError(f"lambertw: branch k must be 0 or -1 (real branches), got k={k!r}")
-    return _lambertw(_as_float(z), k)
+    (z,) = as_float(z)
+    return _lambertw(z, k)
 
 
 @jax.custom_jvp
@@ -232,4 +228,5 @@ def lambertw_m1_log(s: ArrayLike) -> jax.Array:
       ``w`` with the dtype of ``s``; NaN for ``s > -1``, ``-1`` at ``s = -1``, ``-inf`` at
       ``s = -inf``. Derivative ``dw/ds = w / (1 + w)`` by ``custom_jvp``.
     """
-    return lambertw_m1_log_shifted(_as_float(s) + 1.0)
+    (s,) = as_float(s)
+    return lambertw_m1_log_shifted(s + 1.0)

@@ -28,6 +28,7 @@ so float32 locates it only to about 1e-3 relative; enable x64 for 1e-6 and beyon
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from typing import NamedTuple
 
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from sdsl_jax._arrays import as_float
 from sdsl_jax.acceptance import SDSL2026, AcceptancePlane, acceptance_rate
 from sdsl_jax.scaling import HOFFMANN2022, LossLaw, perplexity
 from sdsl_jax.speculative import optimal_lookahead, optimal_throughput
@@ -236,9 +238,8 @@ def solve_draft_size(
     if num_grid < 3:
         raise ValueError(f"num_grid must be at least 3, got {num_grid!r}")
 
-    leaves = [m_target, d_draft, d_target, *loss, *plane]
-    dtype = jnp.result_type(*leaves, float)
-    leaves = jnp.broadcast_arrays(*(jnp.asarray(x, dtype) for x in leaves))
+    leaves = jnp.broadcast_arrays(*as_float(m_target, d_draft, d_target, *loss, *plane))
+    dtype = leaves[0].dtype
     shape = leaves[0].shape
     flat = [x.reshape(-1) for x in leaves]
     nl = len(loss)
@@ -247,6 +248,14 @@ def solve_draft_size(
         tol = float(jnp.finfo(dtype).eps) ** 0.5
     log_n_min = jnp.log(jnp.asarray(n_min, dtype))
 
+    solution = _solve_flat(problems, log_n_min, num_grid=num_grid, max_steps=max_steps, tol=tol)
+    return jax.tree.map(lambda x: x.reshape(shape), solution)
+
+
+# Compiled once per shape and options: tracing the vmapped while_loop and custom_root costs
+# seconds, far more than solving thousands of targets.
+@functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
+def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
     u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
     )
@@ -255,7 +264,7 @@ def solve_draft_size(
     alpha = draft_acceptance(
         n_star, problems.m, d_draft=problems.d_draft, d_target=problems.d_target, loss=problems.loss, plane=problems.plane
     )
-    solution = DraftSizeSolution(
+    return DraftSizeSolution(
         n_star=n_star,
         gamma_star=optimal_lookahead(alpha, n_star, problems.m),
         alpha=alpha,
@@ -263,7 +272,6 @@ def solve_draft_size(
         status=status,
         num_steps=steps,
     )
-    return jax.tree.map(lambda x: x.reshape(shape), solution)
 
 
 def optimal_draft_size(
@@ -304,11 +312,10 @@ def fit_linear_law(m_target: ArrayLike, n_star: ArrayLike) -> LinearLaw:
     References:
       SDSL (2026), arXiv 2603.11053: mu = 2.71e-3, m0 = 8.71e7 for M of about 13B-110B.
     """
-    m, n = jnp.asarray(m_target), jnp.asarray(n_star)
+    m, n = as_float(m_target, n_star)
     if m.ndim != 1 or m.shape != n.shape:
         raise ValueError(f"m_target and n_star must be 1-D of equal length, got shapes {m.shape} and {n.shape}")
-    dtype = jnp.result_type(m, n, float)
-    m, n = m.astype(dtype), n.astype(dtype)
+    dtype = m.dtype
     w = (jnp.isfinite(m) & jnp.isfinite(n)).astype(dtype)
     if not isinstance(w, jax.core.Tracer):
         if int(np.unique(np.asarray(m)[np.asarray(w) > 0]).size) < 2:

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from sdsl_jax._arrays import as_float
+
 __all__ = ["LossLaw", "HOFFMANN2022", "BESIROGLU2024", "pretraining_loss", "perplexity"]
 
 
@@ -54,9 +56,7 @@ def pretraining_loss(n_params: ArrayLike, n_tokens: ArrayLike, law: LossLaw = HO
     References:
       Hoffmann et al. (2022), eq. 2 and Approach 3.
     """
-    n, d = jnp.asarray(n_params), jnp.asarray(n_tokens)
-    dtype = jnp.result_type(n, d, *law, float)
-    n, d = n.astype(dtype), d.astype(dtype)
+    n, d, *_ = as_float(n_params, n_tokens, *law)
     ok = (n > 0) & (d > 0)
     n, d = jnp.where(ok, n, 1.0), jnp.where(ok, d, 1.0)
     loss = law.E + law.A * jnp.exp(-law.alpha * jnp.log(n)) + law.B * jnp.exp(-law.beta * jnp.log(d))

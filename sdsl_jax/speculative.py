@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from sdsl_jax._arrays import as_float
 from sdsl_jax.lambertw import lambertw_m1_log_shifted
 
 __all__ = [
@@ -53,11 +54,6 @@ __all__ = [
     "optimal_integer_lookahead",
     "optimal_throughput",
 ]
-
-
-def _floats(*xs: ArrayLike) -> tuple[jax.Array, ...]:
-    dtype = jnp.result_type(*xs, float)
-    return tuple(jnp.asarray(x, dtype) for x in xs)
 
 
 def _valid_alpha(alpha: jax.Array) -> jax.Array:
@@ -88,7 +84,7 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> jax.Array:
     References:
       Leviathan et al. (2023), eq. 1.
     """
-    alpha, gamma = _floats(alpha, gamma)
+    alpha, gamma = as_float(alpha, gamma)
     ok = _valid_alpha(alpha) & (gamma >= 0)
     return _nan_unless(ok, _expected_tokens(alpha, jnp.where(ok, gamma, 0.0)))
 
@@ -101,7 +97,7 @@ def iteration_cost(
     ``gamma`` draft forward passes and ONE target verification pass (SDSL's FLOP model). With
     latencies for ``n_draft``, ``m_target`` and ``flops_per_param=1`` this is seconds.
     """
-    gamma, n, m = _floats(gamma, n_draft, m_target)
+    gamma, n, m = as_float(gamma, n_draft, m_target)
     ok = (gamma >= 0) & (n > 0) & (m > 0)
     return _nan_unless(ok, flops_per_param * (n * gamma + m))
 
@@ -145,7 +141,7 @@ def speedup(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike) -> jax.Array:
     References:
       Leviathan et al. (2023), Theorem 3.8.
     """
-    alpha, gamma, c = _floats(alpha, gamma, c)
+    alpha, gamma, c = as_float(alpha, gamma, c)
     return _nan_unless(c >= 0, expected_tokens(alpha, gamma) / (gamma * c + 1.0))
 
 
@@ -157,7 +153,7 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> j
     References:
       Leviathan et al. (2023), Theorem 3.11.
     """
-    alpha, gamma, c_hat = _floats(alpha, gamma, c_hat)
+    alpha, gamma, c_hat = as_float(alpha, gamma, c_hat)
     ops = (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
     return _nan_unless(c_hat >= 0, ops)
 
@@ -195,7 +191,7 @@ def optimal_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike)
     References:
       SDSL (2026), arXiv 2603.11053; DESIGN.md check values.
     """
-    alpha, n, m = _floats(alpha, n_draft, m_target)
+    alpha, n, m = as_float(alpha, n_draft, m_target)
     w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
     gamma = jnp.log(-w) / (-log_a) - 1.0
     gamma = jnp.where(has_stationary, jnp.maximum(gamma, 0.0), 0.0)
@@ -215,7 +211,7 @@ def optimal_throughput(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike
     Returns:
       Tokens per unit cost; NaN outside the model.
     """
-    alpha, n, m = _floats(alpha, n_draft, m_target)
+    alpha, n, m = as_float(alpha, n_draft, m_target)
     w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
     # log(a)/(1-a) written as log(a)/(-expm1(log a)) keeps precision as alpha -> 1.
     t_star = log_a / (-jnp.expm1(log_a) * w) / (flops_per_param * jnp.where(ok, n, 1.0))
@@ -232,7 +228,7 @@ def optimal_integer_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: Ar
     Returns:
       The best integer gamma >= 0 as a float array (NaN outside the model).
     """
-    alpha, n, m = _floats(alpha, n_draft, m_target)
+    alpha, n, m = as_float(alpha, n_draft, m_target)
     gamma = optimal_lookahead(alpha, n, m)
     lo, hi = jnp.floor(gamma), jnp.ceil(gamma)
     t_lo = throughput(alpha, lo, n, m)

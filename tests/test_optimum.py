@@ -1,0 +1,159 @@
+"""N*(M): brute-force agreement, implicit derivatives, statuses, errors, and the paper's law."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import numpy_reference
+from sdsl_jax import (
+    BESIROGLU2024,
+    HOFFMANN2022,
+    SDSL2026,
+    AcceptancePlane,
+    LossLaw,
+    SolveStatus,
+    draft_throughput,
+    fit_linear_law,
+    optimal_draft_size,
+    optimal_lookahead,
+    solve_draft_size,
+)
+
+PAPER_M = np.linspace(1e10, 1.1e11, 41)
+
+
+@pytest.mark.parametrize("law", [HOFFMANN2022, BESIROGLU2024], ids=["hoffmann", "besiroglu"])
+@pytest.mark.parametrize("d_draft, d_target", [(1e12, 1e12), (3e11, 2e12)])
+def test_agrees_with_dense_brute_force(law, d_draft, d_target, maybe_jit):
+    m = np.array([1.3e10, 3e10, 7e10, 1.1e11])
+    solve = maybe_jit(lambda m: solve_draft_size(m, d_draft=d_draft, d_target=d_target, loss=law))
+    sol = solve(m)
+    assert np.all(sol.status == SolveStatus.SUCCESS)
+    want = [numpy_reference.optimal_draft_size_grid(mm, d_draft, d_target, law, SDSL2026) for mm in m]
+    np.testing.assert_allclose(sol.n_star, want, rtol=1e-6)
+    # The companion fields describe the same optimum.
+    np.testing.assert_allclose(sol.gamma_star, optimal_lookahead(sol.alpha, sol.n_star, m), rtol=1e-12)
+    t = draft_throughput(sol.n_star, m, d_draft=d_draft, d_target=d_target, loss=law)
+    np.testing.assert_allclose(sol.throughput, t, rtol=1e-12)
+
+
+def test_paper_linear_law_is_reproduced():
+    """SDSL: mu = 2.71e-3, M0 = 8.71e7 for M in [1e10, 1.1e11]; bar: 10% on mu, 15% on M0."""
+    for law in (HOFFMANN2022, BESIROGLU2024):
+        n_star = optimal_draft_size(PAPER_M, d_draft=1e12, d_target=1e12, loss=law, plane=SDSL2026)
+        fit = fit_linear_law(PAPER_M, n_star)
+        assert float(fit.mu) == pytest.approx(2.71e-3, rel=0.10)
+        assert float(fit.m0) == pytest.approx(8.71e7, rel=0.15)
+        assert 100 < np.median(PAPER_M / n_star) < 400  # "~200x smaller"
+
+
+def test_optimum_is_flat_as_the_design_notes():
+    m = 7e10
+    kw = dict(d_draft=1e12, d_target=1e12)
+    n_star = float(optimal_draft_size(m, **kw))
+    ratio = float(draft_throughput(n_star / 2, m, **kw) / draft_throughput(n_star, m, **kw))
+    assert 0.95 < ratio < 1.0
+
+
+def _perturbed(args, index, factor):
+    flat = list(args)
+    flat[index] = flat[index] * factor
+    return flat
+
+
+def _brute_force(flat):
+    m, dd, dt, *rest = flat
+    return numpy_reference.optimal_draft_size_grid(m, dd, dt, LossLaw(*rest[:5]), AcceptancePlane(*rest[5:]))
+
+
+def test_implicit_derivatives_match_finite_differences_of_brute_force():
+    names = ["m_target", "d_draft", "d_target", *(f"loss.{f}" for f in LossLaw._fields), *(f"plane.{f}" for f in AcceptancePlane._fields)]
+    point = [5e10, 8e11, 1.2e12, *HOFFMANN2022, *SDSL2026]
+
+    def n_star(flat):
+        m, dd, dt, *rest = flat
+        return optimal_draft_size(m, d_draft=dd, d_target=dt, loss=LossLaw(*rest[:5]), plane=AcceptancePlane(*rest[5:]))
+
+    args = [jnp.asarray(x, jnp.float64) for x in point]
+    grad = jax.grad(lambda a: n_star(a))(args)
+    h = 1e-3
+    for i, name in enumerate(names):
+        # Elasticity d log N* / d log theta: central differences of the independent brute force.
+        fd = (np.log(_brute_force(_perturbed(point, i, 1 + h))) - np.log(_brute_force(_perturbed(point, i, 1 - h)))) / (2 * h)
+        implicit = float(grad[i]) * point[i] / float(n_star(args))
+        # Brute-force noise is about 1e-5 absolute in fd at this step (T is flat at N*).
+        assert implicit == pytest.approx(fd, rel=1e-4, abs=1e-4), name
+
+
+def test_forward_and_reverse_mode_agree_and_vectorise():
+    m = jnp.array([2e10, 9e10])
+    f = lambda m: optimal_draft_size(m, d_draft=1e12, d_target=1e12)  # noqa: E731
+    jac_fwd = jax.jacfwd(f)(m)
+    jac_rev = jax.jacrev(f)(m)
+    np.testing.assert_allclose(jac_fwd, jac_rev, rtol=1e-10)
+    assert jac_fwd[0, 1] == 0.0 and jac_fwd[1, 0] == 0.0
+
+
+def test_broadcasting_and_posterior_style_draws():
+    m = jnp.array([1e10, 5e10, 1e11])[:, None]
+    d = jnp.array([5e11, 1e12])[None, :]
+    assert optimal_draft_size(m, d_draft=d, d_target=1e12).shape == (3, 2)
+    draws = LossLaw(*(jnp.asarray(v) * jnp.array([0.99, 1.0, 1.01]) for v in HOFFMANN2022))
+    n = optimal_draft_size(5e10, d_draft=1e12, d_target=1e12, loss=draws)
+    assert n.shape == (3,)
+    np.testing.assert_allclose(n[1], optimal_draft_size(5e10, d_draft=1e12, d_target=1e12), rtol=1e-13)
+
+
+def test_float32_is_finite_and_close():
+    m = np.geomspace(1e9, 1e12, 9)
+    n64 = optimal_draft_size(m, d_draft=1e12, d_target=1e12)
+    n32 = optimal_draft_size(jnp.asarray(m, jnp.float32), d_draft=jnp.float32(1e12), d_target=jnp.float32(1e12))
+    assert n32.dtype == jnp.float32 and np.all(np.isfinite(n32))
+    np.testing.assert_allclose(n32, n64, rtol=1e-3)
+
+
+def test_failure_statuses_are_reported_not_silent():
+    kw = dict(d_draft=1e12, d_target=1e12)
+    inadmissible = solve_draft_size(5e10, plane=AcceptancePlane(A=-0.0067, B=0.01297, C=-5.0), **kw)
+    assert int(inadmissible.status) == SolveStatus.NO_ADMISSIBLE_DRAFT and np.isnan(inadmissible.n_star)
+    # alpha = 1e-4 and drafts of at least M/500: gamma* > 0 needs r |log alpha| > 1/alpha
+    # roughly, so drafting never beats the target alone.
+    useless = solve_draft_size(5e10, plane=AcceptancePlane(A=0.0, B=0.0, C=1e-4), n_min=1e8, **kw)
+    assert int(useless.status) == SolveStatus.NO_SPEEDUP and np.isnan(useless.n_star)
+    bounded = solve_draft_size(5e10, n_min=1e9, **kw)
+    assert int(bounded.status) == SolveStatus.AT_LOWER_BOUND and np.isnan(bounded.n_star)
+    ok = solve_draft_size(5e10, **kw)
+    assert int(ok.status) == SolveStatus.SUCCESS and ok.num_steps < 10
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(m_target=-1.0), "m_target"),
+        (dict(m_target=np.array([1e10, np.nan])), "m_target"),
+        (dict(d_draft=0.0), "d_draft"),
+        (dict(d_target=-1e12), "d_target"),
+        (dict(loss=HOFFMANN2022._replace(E=np.nan)), "loss.E"),
+        (dict(plane=SDSL2026._replace(C=np.inf)), "plane.C"),
+        (dict(n_min=-1.0), "n_min"),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs, name):
+    args = dict(m_target=5e10, d_draft=1e12, d_target=1e12) | kwargs
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        solve_draft_size(args.pop("m_target"), **args)
+
+
+def test_fit_linear_law():
+    m = np.linspace(1e10, 1e11, 20)
+    fit = fit_linear_law(m, 3e-3 * m + 5e7)
+    assert float(fit.mu) == pytest.approx(3e-3, rel=1e-12)
+    assert float(fit.m0) == pytest.approx(5e7, rel=1e-9)
+    n = 3e-3 * m + 5e7
+    n[3] = np.nan
+    assert float(fit_linear_law(m, n).mu) == pytest.approx(3e-3, rel=1e-12)
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_linear_law(m[:1], n[:1])
+    with pytest.raises(ValueError, match="equal length"):
+        fit_linear_law(m, n[:-1])
