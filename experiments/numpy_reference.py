@@ -49,16 +49,16 @@ def optimal_draft_size_grid(m, d_draft, d_target, loss, plane, *, n_min=1e3, poi
     return float(np.exp(u[k]))
 
 
-def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, xatol=1e-10):
+def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, grid=32, xatol=1e-10):
     """N* by ``scipy.optimize.minimize_scalar`` (bounded Brent) on -log T over log N.
 
-    The bracket comes from a 64-point log grid, as the JAX solver's does, so both solve the same
+    The bracket comes from a ``grid``-point log grid, as the JAX solver's does, so both solve the same
     problem from the same information.
     """
-    u = np.linspace(np.log(n_min), np.log(m), 64)
+    u = np.linspace(np.log(n_min), np.log(m), grid)
     t = composite_throughput(np.exp(u), m, d_draft, d_target, loss, plane)
     k = int(np.nanargmax(t))
-    bounds = (u[max(k - 1, 0)], u[min(k + 1, 63)])
+    bounds = (u[max(k - 1, 0)], u[min(k + 1, grid - 1)])
 
     def objective(v):
         val = composite_throughput(np.exp(v), m, d_draft, d_target, loss, plane)

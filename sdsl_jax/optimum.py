@@ -150,7 +150,6 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
         return jax.grad(_log_throughput)(u, p)
 
     def solve(g, u0):
-        dg = jax.grad(g)
         lo = grid[jnp.maximum(k - 1, 0)]
         hi = grid[jnp.minimum(k + 1, num_grid - 1)]
 
@@ -160,13 +159,15 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
 
         def body(state):
             u, lo, hi, _, step = state
-            gu, dgu = g(u), dg(u)
-            finite = jnp.isfinite(gu)
-            # NaN means an inadmissible point: it lies on the far side from the grid maximum.
+            gu, dgu = jax.jvp(g, (u,), (jnp.ones_like(u),))  # g and g' in one pass
+            # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
+            # Such a point lies on the far side of the admissible region from the grid maximum.
+            finite = jnp.isfinite(_log_throughput(u, p)) & jnp.isfinite(gu)
             go_right = jnp.where(finite, gu > 0, u < u0)
             lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
             newton = u - gu / dgu
-            use_newton = finite & (dgu < 0) & (newton > lo) & (newton < hi)
+            # Inclusive bounds: at convergence u is itself a bracket end and the step rounds to 0.
+            use_newton = finite & (dgu < 0) & (newton >= lo) & (newton <= hi)
             u_next = jnp.where(use_newton, newton, 0.5 * (lo + hi))
             scale = 1.0 + jnp.abs(u)
             done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
@@ -199,7 +200,7 @@ def solve_draft_size(
     loss: LossLaw = HOFFMANN2022,
     plane: AcceptancePlane = SDSL2026,
     n_min: float = 1.0,
-    num_grid: int = 64,
+    num_grid: int = 32,
     max_steps: int = 60,
     tol: float | None = None,
 ) -> DraftSizeSolution:

@@ -157,3 +157,11 @@ def test_fit_linear_law():
         fit_linear_law(m[:1], n[:1])
     with pytest.raises(ValueError, match="equal length"):
         fit_linear_law(m, n[:-1])
+
+
+def test_newton_converges_in_a_few_steps_across_many_targets():
+    # Regression: a Newton step that rounds to zero lands on the bracket end; it must count as
+    # converged, not fall back to ~20 bisections.
+    sol = solve_draft_size(np.geomspace(1e9, 2e11, 2000), d_draft=1e12, d_target=1e12, n_min=1e3)
+    assert np.all(sol.status == SolveStatus.SUCCESS)
+    assert int(sol.num_steps.max()) <= 6

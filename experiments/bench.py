@@ -1,0 +1,159 @@
+"""Benchmarks: sdsl_jax against the obvious alternative, in the same run, with ratios.
+
+    python -m experiments.bench                 # everything (what `make bench` runs)
+    python -m experiments.bench --only lambertw --points 100000
+
+Sections:
+  lambertw    1e6 float64 points per branch, jitted and vmapped, against scipy.special.lambertw;
+              both accuracies measured against mpmath (50 digits) on a subsample.
+  draft_size  N* for 10,000 target sizes in one vectorised call against a Python loop of
+              scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
+              (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.
+
+Timings are medians over repeats after a warm-up (compilation is reported separately).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # the benchmarks compare float64 accuracy
+
+import jax.numpy as jnp  # noqa: E402
+import mpmath  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+import scipy.special  # noqa: E402
+
+from experiments import numpy_reference  # noqa: E402
+from sdsl_jax import HOFFMANN2022, SDSL2026, lambertw, solve_draft_size  # noqa: E402
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {jax.devices()[0].platform} backend; "
+        f"python {platform.python_version()}, jax {jax.__version__}, numpy {np.__version__}, scipy {scipy.__version__}"
+    )
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def lambertw_points(k: int, n: int) -> np.ndarray:
+    """Log-spaced points across the branch's domain (half negative, half positive on W_0)."""
+    negative = -np.geomspace(1e-300, 1 / np.e, n if k == -1 else n // 2)
+    if k == -1:
+        return negative
+    return np.concatenate([negative, np.geomspace(1e-300, 1e300, n - n // 2)])
+
+
+def bench_lambertw(points: int, repeats: int) -> list[dict]:
+    mpmath.mp.dps = 50
+    rows = []
+    for k in (0, -1):
+        z = lambertw_points(k, points)
+        zj = jnp.asarray(z)
+        fn = jax.jit(jax.vmap(lambda x: lambertw(x, k)))
+        start = time.perf_counter()
+        fn(zj).block_until_ready()
+        compile_s = time.perf_counter() - start
+        t_jax = median_time(lambda: fn(zj).block_until_ready(), repeats)
+        t_scipy = median_time(lambda: scipy.special.lambertw(z, k), repeats)
+        sub = z[:: max(1, points // 2000)]
+        want = np.array([float(mpmath.lambertw(mpmath.mpf(float(x)), k).real) for x in sub])
+        err_jax = np.max(np.abs(np.asarray(fn(jnp.asarray(sub))) - want) / np.abs(want))
+        err_scipy = np.max(np.abs(scipy.special.lambertw(sub, k).real - want) / np.abs(want))
+        rows.append(
+            dict(
+                name=f"lambertw k={k}", n=points, jax_s=t_jax, baseline_s=t_scipy, speedup=t_scipy / t_jax,
+                compile_s=compile_s, jax_max_rel_err=float(err_jax), baseline_max_rel_err=float(err_scipy),
+            )
+        )
+        print(
+            f"lambertw k={k:>2}: {points:.0e} points  jax {t_jax * 1e3:8.1f} ms  scipy {t_scipy * 1e3:8.1f} ms  "
+            f"ratio {t_scipy / t_jax:6.1f}x   max rel err vs mpmath: jax {err_jax:.1e}, scipy {err_scipy:.1e}",
+            flush=True,
+        )
+    return rows
+
+
+def bench_draft_size(targets: int, repeats: int) -> list[dict]:
+    m = np.geomspace(1e9, 2e11, targets)
+    kw = dict(d_draft=1e12, d_target=1e12, loss=HOFFMANN2022, plane=SDSL2026, n_min=1e3)
+    start = time.perf_counter()
+    sol = solve_draft_size(m, **kw)
+    sol.n_star.block_until_ready()
+    compile_s = time.perf_counter() - start
+    t_jax = median_time(lambda: solve_draft_size(m, **kw).n_star.block_until_ready(), repeats)
+    start = time.perf_counter()
+    ref = np.array(
+        [numpy_reference.optimal_draft_size_scalar(mm, 1e12, 1e12, HOFFMANN2022, SDSL2026, n_min=1e3) for mm in m]
+    )
+    t_scipy = time.perf_counter() - start
+    disagreement = float(np.max(np.abs(np.asarray(sol.n_star) - ref) / ref))
+    print(
+        f"N* for {targets} targets: jax {t_jax * 1e3:8.1f} ms (one call)  scipy loop {t_scipy:7.2f} s  "
+        f"ratio {t_scipy / t_jax:7.1f}x   max rel disagreement {disagreement:.1e}  (compile {compile_s:.1f} s)",
+        flush=True,
+    )
+    return [
+        dict(
+            name="optimal_draft_size", n=targets, jax_s=t_jax, baseline_s=t_scipy, speedup=t_scipy / t_jax,
+            compile_s=compile_s, max_rel_disagreement=disagreement,
+        )
+    ]
+
+
+SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only these sections")
+    parser.add_argument("--points", type=int, default=1_000_000, help="Lambert W points per branch (default 1e6)")
+    parser.add_argument("--targets", type=int, default=10_000, help="target sizes for N* (default 10,000)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+
+    print(f"# {datetime.date.today()}  {machine_description()}", flush=True)
+    results = []
+    for name in args.only or list(SECTIONS):
+        if name == "lambertw":
+            results += bench_lambertw(args.points, args.repeats)
+        else:
+            results += bench_draft_size(args.targets, args.repeats)
+    if args.json:
+        record = dict(date=str(datetime.date.today()), machine=machine_description(),
+                      command="python -m experiments.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      results=results)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
