@@ -1,0 +1,286 @@
+"""Dataset schemas (version 1) and their validated loading and saving.
+
+Two CSV schemas, one row per observation, a header row naming the columns (any order; extra
+columns are ignored). Optional columns may be absent or left blank (read as NaN / None).
+
+Pre-training runs, ``sdsl-pretraining v1``:
+
+  ============  ========  ======================================================
+  column        required  meaning
+  ============  ========  ======================================================
+  n_params      yes       model size N (parameters), > 0
+  n_tokens      yes       training tokens D, > 0
+  loss          yes       final loss in nats per token, > 0
+  name          no        run name
+  flops         no        training compute (FLOP), > 0
+  source        no        where the row comes from
+  ============  ========  ======================================================
+
+Acceptance measurements, ``sdsl-acceptance v1``:
+
+  ============  ========  ======================================================
+  draft         yes       draft model name
+  target        yes       target model name
+  n_draft       yes       draft parameters N, > 0
+  n_target      yes       target parameters M, > 0
+  d_draft       yes       draft training tokens D, > 0
+  d_target      yes       target training tokens D', > 0
+  ppl_draft     yes       draft perplexity x, >= 1
+  ppl_target    yes       target perplexity y, >= 1
+  alpha         yes       acceptance rate, in (0, 1)
+  gamma         no        lookahead used, integer >= 1
+  n_iterations  no        speculative iterations measured, integer >= 1
+  accepted      no        accepted draft tokens in total, integer >= 0
+  weight        no        regression weight, > 0
+  temperature   no        sampling temperature, >= 0
+  source        no        where the row comes from
+  ============  ========  ======================================================
+
+Every problem is a :class:`DataError` that names the file, the line and the column and shows the
+offending value. Saving is atomic (a temporary file renamed into place).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import tempfile
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = [
+    "DataError",
+    "PretrainingRuns",
+    "AcceptanceMeasurements",
+    "load_pretraining",
+    "load_acceptance",
+    "save_pretraining",
+    "save_acceptance",
+    "PRETRAINING_SCHEMA",
+    "ACCEPTANCE_SCHEMA",
+]
+
+SCHEMA_VERSION = 1
+
+
+class DataError(ValueError):
+    """A dataset that does not follow its schema; the message names file, line and column."""
+
+    def __init__(self, path: str, line: int | None, column: str | None, problem: str):
+        self.path, self.line, self.column, self.problem = path, line, column, problem
+        where = f"{path}" + (f":{line}" if line is not None else "")
+        what = f" column '{column}':" if column else ""
+        super().__init__(f"{where}:{what} {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    name: str
+    kind: str  # "float", "int" or "str"
+    required: bool
+    valid: Callable[[float], bool] | None = None
+    rule: str = ""
+
+
+_POSITIVE = (lambda v: v > 0, "must be > 0")
+_PERPLEXITY = (lambda v: v >= 1, "must be >= 1 (a perplexity)")
+_PROBABILITY = (lambda v: 0 < v < 1, "must be in the open interval (0, 1)")
+_AT_LEAST_ONE = (lambda v: v >= 1, "must be an integer >= 1")
+_NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+
+
+def _col(name, kind, required, check=(None, "")):
+    return _Column(name, kind, required, check[0], check[1])
+
+
+PRETRAINING_SCHEMA = (
+    _col("n_params", "float", True, _POSITIVE),
+    _col("n_tokens", "float", True, _POSITIVE),
+    _col("loss", "float", True, _POSITIVE),
+    _col("name", "str", False),
+    _col("flops", "float", False, _POSITIVE),
+    _col("source", "str", False),
+)
+
+ACCEPTANCE_SCHEMA = (
+    _col("draft", "str", True),
+    _col("target", "str", True),
+    _col("n_draft", "float", True, _POSITIVE),
+    _col("n_target", "float", True, _POSITIVE),
+    _col("d_draft", "float", True, _POSITIVE),
+    _col("d_target", "float", True, _POSITIVE),
+    _col("ppl_draft", "float", True, _PERPLEXITY),
+    _col("ppl_target", "float", True, _PERPLEXITY),
+    _col("alpha", "float", True, _PROBABILITY),
+    _col("gamma", "int", False, _AT_LEAST_ONE),
+    _col("n_iterations", "int", False, _AT_LEAST_ONE),
+    _col("accepted", "int", False, _NON_NEGATIVE),
+    _col("weight", "float", False, _POSITIVE),
+    _col("temperature", "float", False, _NON_NEGATIVE),
+    _col("source", "str", False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingRuns:
+    """Pre-training runs (schema ``sdsl-pretraining v1``); numeric columns are float64 arrays."""
+
+    n_params: np.ndarray
+    n_tokens: np.ndarray
+    loss: np.ndarray
+    name: tuple[str | None, ...]
+    flops: np.ndarray
+    source: tuple[str | None, ...]
+    path: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    def select(self, mask: np.ndarray) -> "PretrainingRuns":
+        """The runs where ``mask`` is true (a boolean array or integer indices)."""
+        return _select(self, mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceMeasurements:
+    """Acceptance measurements (schema ``sdsl-acceptance v1``); missing optionals are NaN/None."""
+
+    draft: tuple[str, ...]
+    target: tuple[str, ...]
+    n_draft: np.ndarray
+    n_target: np.ndarray
+    d_draft: np.ndarray
+    d_target: np.ndarray
+    ppl_draft: np.ndarray
+    ppl_target: np.ndarray
+    alpha: np.ndarray
+    gamma: np.ndarray
+    n_iterations: np.ndarray
+    accepted: np.ndarray
+    weight: np.ndarray
+    temperature: np.ndarray
+    source: tuple[str | None, ...]
+    path: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.alpha)
+
+    def regression_weights(self) -> np.ndarray:
+        """``weight`` where given, else ``n_iterations`` where given, else 1 (per row)."""
+        w = np.where(np.isfinite(self.weight), self.weight, self.n_iterations)
+        return np.where(np.isfinite(w), w, 1.0)
+
+    def select(self, mask: np.ndarray) -> "AcceptanceMeasurements":
+        return _select(self, mask)
+
+
+def _select(table, mask):
+    idx = np.arange(len(table))[np.asarray(mask)]
+    fields = {}
+    for f in dataclasses.fields(table):
+        value = getattr(table, f.name)
+        if isinstance(value, np.ndarray):
+            fields[f.name] = value[idx]
+        elif isinstance(value, tuple):
+            fields[f.name] = tuple(value[i] for i in idx)
+        else:
+            fields[f.name] = value
+    return type(table)(**fields)
+
+
+def _parse(path: str, line: int, col: _Column, raw: str | None) -> Any:
+    text = (raw or "").strip()
+    if text == "":
+        if col.required:
+            raise DataError(path, line, col.name, "is empty (a value is required)")
+        return None if col.kind == "str" else math.nan
+    if col.kind == "str":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(path, line, col.name, f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DataError(path, line, col.name, f"{text!r} is not a finite number")
+    if col.kind == "int" and value != int(value):
+        raise DataError(path, line, col.name, f"{text!r} is not an integer")
+    if col.valid is not None and not col.valid(value):
+        raise DataError(path, line, col.name, f"{text!r} {col.rule}")
+    return value
+
+
+def _load(path: str, schema: tuple[_Column, ...]) -> dict[str, list]:
+    path = os.fspath(path)
+    try:
+        handle = open(path, newline="")
+    except OSError as err:
+        raise DataError(path, None, None, f"cannot be read ({err.strerror})") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        missing = [c.name for c in schema if c.required and c.name not in header]
+        if missing:
+            raise DataError(path, 1, missing[0], f"is missing from the header (found: {', '.join(header) or 'nothing'})")
+        columns: dict[str, list] = {c.name: [] for c in schema}
+        for row in reader:
+            if None in row:  # more fields than the header has
+                raise DataError(path, reader.line_num, None, f"has {len(header) + len(row[None])} fields, the header {len(header)}")
+            for col in schema:
+                columns[col.name].append(_parse(path, reader.line_num, col, row.get(col.name)))
+    if not columns[schema[0].name]:
+        raise DataError(path, None, None, "has a header but no data rows")
+    return columns
+
+
+def _to_arrays(columns: dict[str, list], schema: tuple[_Column, ...]) -> dict[str, Any]:
+    return {c.name: tuple(columns[c.name]) if c.kind == "str" else np.asarray(columns[c.name], np.float64) for c in schema}
+
+
+def load_pretraining(path: str | os.PathLike) -> PretrainingRuns:
+    """Load and validate pre-training runs; raises :class:`DataError` naming file, line, column."""
+    return PretrainingRuns(**_to_arrays(_load(path, PRETRAINING_SCHEMA), PRETRAINING_SCHEMA), path=os.fspath(path))
+
+
+def load_acceptance(path: str | os.PathLike) -> AcceptanceMeasurements:
+    """Load and validate acceptance measurements; raises :class:`DataError`."""
+    return AcceptanceMeasurements(**_to_arrays(_load(path, ACCEPTANCE_SCHEMA), ACCEPTANCE_SCHEMA), path=os.fspath(path))
+
+
+def _format(value: Any, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind == "str":
+        return str(value)
+    if not np.isfinite(value):
+        return ""
+    return str(int(value)) if kind == "int" else repr(float(value))
+
+
+def _save(table, schema: tuple[_Column, ...], path: str | os.PathLike) -> None:
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([c.name for c in schema])
+            for i in range(len(table)):
+                writer.writerow([_format(getattr(table, c.name)[i], c.kind) for c in schema])
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def save_pretraining(runs: PretrainingRuns, path: str | os.PathLike) -> None:
+    """Write runs as ``sdsl-pretraining v1`` CSV, atomically."""
+    _save(runs, PRETRAINING_SCHEMA, path)
+
+
+def save_acceptance(measurements: AcceptanceMeasurements, path: str | os.PathLike) -> None:
+    """Write measurements as ``sdsl-acceptance v1`` CSV, atomically."""
+    _save(measurements, ACCEPTANCE_SCHEMA, path)

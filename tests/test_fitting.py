@@ -1,0 +1,91 @@
+"""Point fits: the Epoch replication reproduced, synthetic recovery, the multi-start machinery."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sdsl_jax import HOFFMANN2022, SDSL2026, acceptance_rate, pretraining_loss
+from sdsl_jax.data import load_pretraining
+from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit_multistart
+
+# Besiroglu et al. 2024, Huber fit on the 240 runs kept (their Table / notebook values).
+EPOCH_HUBER = dict(A=477.84, B=2143.86, E=1.8172, alpha=0.34731, beta=0.36718)
+
+
+def chinchilla_240():
+    runs = load_pretraining("fits/data/chinchilla_fig4.csv")
+    return runs.select(np.sort(np.argsort(runs.loss)[:-5]))  # drop the 5 highest-loss runs
+
+
+def test_epoch_grid_is_their_4500_starts():
+    assert EPOCH_GRID.shape == (4500, 5)
+    assert sorted(set(EPOCH_GRID[:, 0])) == [0, 5, 10, 15, 20, 25]
+    assert sorted(set(EPOCH_GRID[:, 3])) == [0, 0.5, 1, 1.5, 2]
+
+
+def test_reproduces_epoch_huber_fit_from_4500_starts():
+    runs = chinchilla_240()
+    assert len(runs) == 240
+    rounds = []
+    fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, progress=lambda r, a, n: rounds.append((r, a, n)))
+    law = fit.law
+    assert bool(fit.result.converged)
+    for name in ("E", "alpha", "beta"):
+        assert float(getattr(law, name)) == pytest.approx(EPOCH_HUBER[name], rel=1e-3), name
+    for name in ("A", "B"):
+        assert float(getattr(law, name)) == pytest.approx(EPOCH_HUBER[name], rel=1e-2), name
+    assert rounds[-1][1] == 0 and rounds[0][2] == 4500  # progress reported until no start is left
+    assert fit.result.all_values.shape == (4500,)
+    assert float(fit.result.value) == float(jnp.min(fit.result.all_values))
+
+
+def test_recovers_a_known_law_from_synthetic_runs():
+    rng = np.random.default_rng(0)
+    n = 10 ** rng.uniform(7, 10, 150)
+    d = 10 ** rng.uniform(9, 12, 150)
+    loss = np.asarray(pretraining_loss(n, d, HOFFMANN2022)) * np.exp(rng.normal(0, 1e-4, 150))
+    # The summed loss is ~1e-6 here: SciPy's ftol rule (relative to max(|f|, 1)) would stop at
+    # once, so the gradient rule decides.
+    near = EPOCH_GRID[(EPOCH_GRID[:, 3] == 0.5) & (EPOCH_GRID[:, 4] == 0.5)]  # 180 of the 4,500 starts
+    fit = fit_loss_law(n, d, loss, starts=near, ftol=0.0, gtol=1e-12)
+    for name, true in HOFFMANN2022._asdict().items():
+        assert float(getattr(fit.law, name)) == pytest.approx(true, rel=5e-3), name
+
+
+def rosenbrock(theta, scale):
+    x, y = theta
+    return (1 - x) ** 2 + scale * (y - x**2) ** 2
+
+
+def test_multistart_keeps_the_best_and_reports_convergence():
+    starts = jnp.array([[-1.5, 2.0], [0.0, 0.0], [2.0, 2.0], [1.2, 1.2]])
+    res = fit_multistart(rosenbrock, starts, args=(jnp.asarray(100.0),), gtol=1e-12, ftol=0.0)
+    np.testing.assert_allclose(res.params, [1.0, 1.0], atol=1e-6)
+    assert bool(res.converged) and np.all(res.all_converged)
+    capped = fit_multistart(rosenbrock, starts, args=(jnp.asarray(100.0),), max_steps=3)
+    assert not np.any(capped.all_converged) and int(capped.all_num_steps.max()) == 3
+
+
+def test_fit_needs_x64():
+    with jax.enable_x64(False):
+        with pytest.raises(RuntimeError, match="float64"):
+            fit_loss_law([1e6, 1e7], [1e9, 1e9], [3.0, 2.9])
+
+
+def test_acceptance_plane_recovery_and_weights():
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(5, 60, 80), rng.uniform(3, 20, 80)
+    alpha = np.asarray(acceptance_rate(x, y, SDSL2026))
+    exact = fit_acceptance_plane(x, y, alpha)
+    np.testing.assert_allclose(exact.plane, SDSL2026, rtol=1e-10)
+    assert float(exact.r_squared) == pytest.approx(1.0, abs=1e-12)
+
+    noisy = alpha + rng.normal(0, 0.02, 80)
+    w = rng.uniform(0.5, 2.0, 80)
+    fit = fit_acceptance_plane(x, y, noisy, weights=w)
+    design = np.stack([x, y, np.ones_like(x)], 1) * np.sqrt(w)[:, None]
+    want, *_ = np.linalg.lstsq(design, noisy * np.sqrt(w), rcond=None)
+    np.testing.assert_allclose(fit.plane, want, rtol=1e-10)
+    np.testing.assert_allclose(fit_acceptance_plane(x, y, noisy, weights=3 * w).plane, want, rtol=1e-10)
+    assert 0 < float(fit.r_squared) < 1
