@@ -1,0 +1,90 @@
+"""Posteriors: recovery, diagnostics that can fail, propagation to N* bands, calibration."""
+
+import numpy as np
+import pytest
+
+from experiments.calibration import loss_law_coverage, plane_coverage
+from sdsl_jax import HOFFMANN2022, SDSL2026, AcceptancePlane, LossLaw, optimal_draft_size
+from sdsl_jax.bayes import (
+    check_diagnostics,
+    plane_sensitivity,
+    propagate_draft_size,
+    sample_plane,
+)
+
+az = pytest.importorskip("arviz")
+
+
+def test_plane_posterior_recovers_truth_and_passes_diagnostics():
+    rng = np.random.default_rng(3)
+    x, y = rng.uniform(5, 60, 60), rng.uniform(3, 20, 60)
+    alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, 60)
+    run = sample_plane(x, y, alpha, num_chains=4, num_warmup=500, num_samples=500, progress_bar=False, seed=1)
+    assert run.diagnostics.ok, run.diagnostics.problems
+    for k in ("A", "B", "C"):
+        lo, hi = np.quantile(run.samples[k], [0.005, 0.995])
+        assert lo <= getattr(SDSL2026, k) <= hi, k
+    assert run.inference_data.posterior["A"].shape == (4, 500)
+
+
+def test_diagnostics_flag_disagreeing_chains_and_divergences():
+    rng = np.random.default_rng(0)
+    draws = np.stack([rng.normal(0, 1, 500), rng.normal(3, 1, 500)])  # two chains, different modes
+    idata = az.from_dict(posterior={"theta": draws})
+    bad = check_diagnostics(idata, 0, var_names=["theta"])
+    assert not bad.ok and any("R-hat" in p for p in bad.problems)
+    good = az.from_dict(posterior={"theta": rng.normal(0, 1, (4, 1000))})
+    assert check_diagnostics(good, 0, var_names=["theta"]).ok
+    assert not check_diagnostics(good, 3, var_names=["theta"]).ok
+
+
+def test_propagation_of_identical_draws_collapses_to_the_point_solution():
+    m = np.array([1e10, 5e10, 1e11])
+    laws = LossLaw(*(np.full(7, v) for v in HOFFMANN2022))
+    bands = propagate_draft_size(m, laws, SDSL2026, d_draft=1e12, d_target=1e12, chunk_size=3)
+    point = np.asarray(optimal_draft_size(m, d_draft=1e12, d_target=1e12))
+    np.testing.assert_allclose(bands.n_star, np.broadcast_to(point, bands.n_star.shape), rtol=1e-12)
+    np.testing.assert_allclose(bands.m_over_n[2], m / point, rtol=1e-12)
+    assert np.all(bands.failed_fraction == 0) and bands.n_star_draws.shape == (7, 3)
+
+
+def test_propagation_bands_are_ordered_and_chunking_does_not_matter():
+    rng = np.random.default_rng(0)
+    laws = LossLaw(*(np.asarray(v) * (1 + 0.01 * rng.standard_normal(50)) for v in HOFFMANN2022))
+    m = np.linspace(1e10, 1.1e11, 6)
+    a = propagate_draft_size(m, laws, SDSL2026, d_draft=1e12, d_target=1e12, chunk_size=8)
+    b = propagate_draft_size(m, laws, SDSL2026, d_draft=1e12, d_target=1e12, chunk_size=64)
+    np.testing.assert_allclose(a.n_star, b.n_star, rtol=1e-12)
+    assert np.all(np.diff(a.n_star, axis=0) >= 0) and np.all(np.diff(a.n_star[2]) > 0)
+    assert np.all(np.isfinite(a.linear_law.mu)) and a.linear_law.mu.shape == (50,)
+
+
+def test_failed_draws_are_counted_not_hidden():
+    planes = AcceptancePlane(A=np.array([-0.0067, -0.0067]), B=np.array([0.01297, 0.01297]), C=np.array([0.642, -5.0]))
+    bands = propagate_draft_size([5e10], HOFFMANN2022, planes, d_draft=1e12, d_target=1e12)
+    assert bands.failed_fraction[0] == 0.5
+
+
+def test_plane_sensitivity_matches_finite_differences():
+    m = np.array([3e10])
+    sens = plane_sensitivity(m, law=HOFFMANN2022, plane=SDSL2026, d_draft=1e12, d_target=1e12)
+    h = 1e-4
+    for k in ("A", "B", "C"):
+        up = SDSL2026._replace(**{k: getattr(SDSL2026, k) * (1 + h)})
+        dn = SDSL2026._replace(**{k: getattr(SDSL2026, k) * (1 - h)})
+        fd = (np.log(optimal_draft_size(m, d_draft=1e12, d_target=1e12, plane=up))
+              - np.log(optimal_draft_size(m, d_draft=1e12, d_target=1e12, plane=dn))) / (2 * h)
+        assert sens[k][0] == pytest.approx(float(fd[0]), rel=1e-5, abs=1e-8), k
+
+
+def test_calibration_of_90_percent_intervals():
+    """Simulation-based check at a size that runs in about a minute (larger: experiments.calibration).
+
+    Intervals: 15 plane datasets x 3 + 6 loss-law datasets x 5 = 75. At the nominal 0.9 the
+    pooled coverage has s.e. 0.035; failing needs < 0.75 (4 s.e.) or > 0.99 (too wide).
+    """
+    plane = plane_coverage(15, num_points=40, num_warmup=150, num_samples=250, seed=11)
+    law = loss_law_coverage(6, num_runs=60, num_warmup=150, num_samples=250, seed=11)
+    hits = sum(v * 15 for v in plane.values()) + sum(v * 6 for v in law.values())
+    pooled = hits / 75
+    assert 0.75 <= pooled <= 0.99, (plane, law)

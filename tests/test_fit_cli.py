@@ -1,0 +1,91 @@
+"""`python -m experiments.fit`: outputs, the summary schema, clean errors for bad CSVs, --strict."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import fit as fit_cli
+from sdsl_jax import SDSL2026
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def synthetic_acceptance(path, rng):
+    """Acceptance CSV in the sdsl-acceptance v1 schema, alpha from a known plane plus noise."""
+    rows = ["draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha,gamma,n_iterations"]
+    for i in range(30):
+        x, y = rng.uniform(8, 40), rng.uniform(4, 12)
+        alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02)
+        rows.append(f"d{i},t{i},{1e7 * (1 + i)},{1e9 * (1 + i)},2e11,2e12,{x},{y},{alpha},5,{rng.integers(100, 1000)}")
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_point_fit_on_shipped_data_writes_summary_and_figures(tmp_path):
+    out = tmp_path / "out"
+    code = fit_cli.main(["--starts", "10", "--num-targets", "6", "--out", str(out), "--quiet"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"command", "seed", "versions", "loss_law", "linear_law", "targets"} <= summary.keys()
+    assert set(summary["loss_law"]) >= {"E", "A", "B", "alpha", "beta"}
+    assert set(summary["linear_law"]) == {"mu", "m0"}
+    assert [t["m_target"] for t in summary["targets"]] == [13e9, 30e9, 70e9, 110e9]
+    assert all({"m_target", "n_star", "gamma_star"} <= t.keys() for t in summary["targets"])
+    assert summary["versions"]["jax"] and summary["command"].startswith("python -m experiments.fit")
+    assert summary["plane_sensitivity"]["A"]  # plane fixed: its influence is reported instead
+    for name in ("loss_law_fit.png", "n_star_bands.png", "throughput_curves.png"):
+        assert (out / name).stat().st_size > 10_000
+
+
+def test_posterior_with_acceptance_data(tmp_path):
+    acc = synthetic_acceptance(tmp_path / "acc.csv", np.random.default_rng(0))
+    out = tmp_path / "out"
+    code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150",
+                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--quiet", "--seed", "3"])
+    assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seed"] == 3 and summary["plane"]["source"].startswith("fitted")
+    for t in summary["targets"]:
+        assert t["n_star_lo90"] <= t["n_star_median"] <= t["n_star_hi90"]
+    assert {"loss_law", "plane"} <= summary["posterior"]["diagnostics"].keys()
+    assert (out / "loss_law_posterior.nc").exists() and (out / "plane_posterior.nc").exists()
+    assert (out / "acceptance_plane.png").exists()
+
+
+def test_strict_fails_loudly_when_diagnostics_fail(tmp_path, capsys):
+    # 20 draws per chain cannot reach a bulk ESS of 400.
+    code = fit_cli.main(["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--starts", "45",
+                         "--num-targets", "3", "--out", str(tmp_path), "--strict", "--no-figures"])
+    out = capsys.readouterr().out
+    assert code == 3 and "WARNING" in out and "failed its diagnostics" in out
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("n_params,n_tokens,loss\n1e6,2e7,3.0\n1e6,abc,3.0\n", ":3: column 'n_tokens': 'abc' is not a number"),
+        ("n_params,loss\n1e6,3.0\n", ":1: column 'n_tokens': is missing from the header"),
+        ("n_params,n_tokens,loss\n1e6,2e7,-3.0\n", ":2: column 'loss': '-3.0' must be > 0"),
+    ],
+)
+def test_bad_csv_exits_2_with_a_message_and_no_traceback(tmp_path, text, fragment):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "experiments.fit", "--pretraining", str(bad), "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr and str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_explains_the_options():
+    proc = subprocess.run([sys.executable, "-m", "experiments.fit", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0
+    for option in ("--posterior", "--pretraining", "--acceptance", "--chains", "--draws", "--seed", "--out",
+                   "--strict", "--d-draft", "--d-target", "--targets"):
+        assert option in proc.stdout
