@@ -1,12 +1,13 @@
 # make install: create .venv and install the project with its test extra.
 # make test:    install if needed, then run the test suite (slow tests excluded).
+# make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
 # make bench:   install if needed, then run the benchmarks and print the ratios.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all bench clean
+.PHONY: install test test-all fit bench clean
 
 install: $(STAMP)
 
@@ -21,6 +22,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
+
+fit: $(STAMP)
+	$(PY) -m experiments.fit --posterior --out out/fit
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench

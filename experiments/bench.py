@@ -9,6 +9,10 @@ Sections:
   draft_size  N* for 10,000 target sizes in one vectorised call against a Python loop of
               scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
               (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.
+  fit         the loss-law fit from the Epoch replication's 4,500 starts (vectorised optax L-BFGS)
+              against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
+              subset of the same starts: time per start and both optima.
+  calibration coverage of 90% posterior intervals over synthetic datasets (plane, loss law).
 
 Timings are medians over repeats after a warm-up (compilation is reported separately).
 """
@@ -124,7 +128,62 @@ def bench_draft_size(targets: int, repeats: int) -> list[dict]:
     ]
 
 
-SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size}
+def bench_loss_law_fit(scipy_starts: int, repeats: int) -> list[dict]:
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.fitting import EPOCH_GRID, fit_loss_law
+
+    runs = load_pretraining("fits/data/chinchilla_fig4.csv")
+    runs = runs.select(np.sort(np.argsort(runs.loss)[:-5]))
+    start = time.perf_counter()
+    fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss)
+    first_s = time.perf_counter() - start
+    t_jax = median_time(lambda: jax.block_until_ready(fit_loss_law(runs.n_params, runs.n_tokens, runs.loss)),
+                        max(1, repeats // 2))
+    subset = np.random.default_rng(0).choice(len(EPOCH_GRID), scipy_starts, replace=False)
+    logs = [np.log(v) for v in (runs.n_params, runs.n_tokens, runs.loss)]
+    per_jax = t_jax / len(EPOCH_GRID)
+    jax_subset_best = float(np.min(np.asarray(fit.result.all_values)[subset]))
+    law = [float(v) for v in fit.law]
+    print(f"loss-law fit: jax {len(EPOCH_GRID)} starts in {t_jax:.1f} s ({per_jax * 1e3:.2f} ms/start; first call "
+          f"{first_s:.1f} s with compilation), objective {float(fit.result.value):.10g}\n"
+          f"  jax optimum: E={law[0]:.5f} A={law[1]:.2f} B={law[2]:.2f} alpha={law[3]:.5f} beta={law[4]:.5f}; "
+          f"best over the SciPy subset of starts {jax_subset_best:.10g}", flush=True)
+    rows = []
+    for label, analytic in (("finite-difference gradient (SciPy default)", False), ("analytic NumPy gradient", True)):
+        start = time.perf_counter()
+        params, values = numpy_reference.fit_loss_law_scipy(EPOCH_GRID[subset], *logs, analytic_gradient=analytic)
+        t_scipy = time.perf_counter() - start
+        per_scipy = t_scipy / scipy_starts
+        best = params[np.argmin(values)]
+        print(f"  scipy L-BFGS-B, {label}: {scipy_starts} starts in {t_scipy:.1f} s ({per_scipy * 1e3:.1f} ms/start)"
+              f"  ratio per start {per_scipy / per_jax:.1f}x; optimum E={np.exp(best[2]):.5f} A={np.exp(best[0]):.2f} "
+              f"B={np.exp(best[1]):.2f} alpha={best[3]:.5f} beta={best[4]:.5f} objective {values.min():.10g}",
+              flush=True)
+        rows.append(dict(name=f"loss_law_fit vs scipy ({label})", n=len(EPOCH_GRID), jax_s=t_jax,
+                         jax_first_call_s=first_s, baseline_s=t_scipy, baseline_starts=scipy_starts,
+                         speedup_per_start=per_scipy / per_jax, jax_objective=float(fit.result.value),
+                         scipy_subset_objective=float(values.min()), jax_subset_objective=jax_subset_best))
+    return rows
+
+
+def bench_calibration(datasets: int) -> list[dict]:
+    from experiments.calibration import loss_law_coverage, plane_coverage
+
+    rows = []
+    for name, fn in (("plane", plane_coverage), ("loss law", loss_law_coverage)):
+        start = time.perf_counter()
+        cov = fn(datasets)
+        k = datasets * len(cov)
+        pooled = float(np.mean(list(cov.values())))
+        print(f"calibration {name}: 90% coverage " + ", ".join(f"{p} {c:.2f}" for p, c in cov.items())
+              + f"; pooled {pooled:.3f} over {k} intervals (s.e. {np.sqrt(0.09 / k):.3f}) "
+              f"[{time.perf_counter() - start:.0f} s]", flush=True)
+        rows.append(dict(name=f"calibration {name}", datasets=datasets, coverage=cov, pooled=pooled))
+    return rows
+
+
+SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
+            "calibration": bench_calibration}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=int, default=1_000_000, help="Lambert W points per branch (default 1e6)")
     parser.add_argument("--targets", type=int, default=10_000, help="target sizes for N* (default 10,000)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
+    parser.add_argument("--scipy-starts", type=int, default=100,
+                        help="Epoch starts the SciPy loop is timed on (all 4,500 take ~9 minutes; default 100)")
+    parser.add_argument("--calibration-datasets", type=int, default=40,
+                        help="synthetic datasets per model for the calibration check (default 40)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
@@ -142,8 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(SECTIONS):
         if name == "lambertw":
             results += bench_lambertw(args.points, args.repeats)
-        else:
+        elif name == "draft_size":
             results += bench_draft_size(args.targets, args.repeats)
+        elif name == "fit":
+            results += bench_loss_law_fit(args.scipy_starts, args.repeats)
+        else:
+            results += bench_calibration(args.calibration_datasets)
     if args.json:
         record = dict(date=str(datetime.date.today()), machine=machine_description(),
                       command="python -m experiments.bench " + " ".join(argv if argv is not None else sys.argv[1:]),

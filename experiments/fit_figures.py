@@ -26,7 +26,7 @@ def _save(fig, out: str, name: str) -> str:
 
 
 def loss_law_figure(out, runs, law) -> str:
-    fig, (ax, res) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, res) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw=dict(wspace=0.35))
     log_d = np.log10(runs.n_tokens)
     sc = ax.scatter(runs.n_params, runs.loss, c=log_d, s=12, cmap="viridis", label="runs")
     for q in np.quantile(runs.n_tokens, [0.1, 0.5, 0.9]):
@@ -36,7 +36,9 @@ def loss_law_figure(out, runs, law) -> str:
     ax.set(xscale="log", xlabel="parameters N", ylabel="final loss (nats/token)",
            title=f"L(N, D) = {float(law.E):.3f} + {float(law.A):.1f}/N^{float(law.alpha):.3f}"
                  f" + {float(law.B):.0f}/D^{float(law.beta):.3f}")
-    fig.colorbar(sc, ax=ax, label="log10 training tokens D (lines: model at 10/50/90% D)")
+    fig.colorbar(sc, ax=ax, label="log10 D (training tokens)")
+    ax.text(0.98, 0.97, "lines: the law at the 10/50/90%\nquantiles of D", transform=ax.transAxes, ha="right",
+            va="top", fontsize=8)
     residual = np.log(runs.loss) - np.log(np.asarray(pretraining_loss(runs.n_params, runs.n_tokens, law)))
     res.scatter(runs.n_params, residual, s=10, c=log_d, cmap="viridis")
     res.axhline(0, color="k", lw=0.8)

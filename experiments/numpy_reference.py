@@ -66,3 +66,41 @@ def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, g
 
     res = scipy.optimize.minimize_scalar(objective, bounds=bounds, method="bounded", options={"xatol": xatol})
     return float(np.exp(res.x))
+
+
+def loss_law_objective_and_grad(theta, log_n, log_d, log_loss, delta=1e-3):
+    """Summed Huber loss of LSE(a - alpha log N, b - beta log D, e) - log L, and its gradient.
+
+    NumPy with the analytic gradient, as the Epoch replication's SciPy fit would use it.
+    """
+    a, b, e, alpha, beta = theta
+    terms = np.stack([a - alpha * log_n, b - beta * log_d, np.full_like(log_n, e)])
+    top = terms.max(0)
+    weights = np.exp(terms - top)
+    total = weights.sum(0)
+    pred = top + np.log(total)
+    weights /= total
+    r = pred - log_loss
+    value = np.where(np.abs(r) <= delta, 0.5 * r**2, delta * (np.abs(r) - 0.5 * delta)).sum()
+    dr = np.clip(r, -delta, delta)
+    grad = np.array([
+        (dr * weights[0]).sum(), (dr * weights[1]).sum(), (dr * weights[2]).sum(),
+        -(dr * weights[0] * log_n).sum(), -(dr * weights[1] * log_d).sum(),
+    ])
+    return value, grad
+
+
+def fit_loss_law_scipy(starts, log_n, log_d, log_loss, delta=1e-3, *, analytic_gradient=True):
+    """SciPy L-BFGS-B from each start (default tolerances); returns (params, values).
+
+    ``analytic_gradient=False`` lets SciPy difference the objective itself (its default when no
+    ``jac`` is given), as a fit that hands SciPy only the loss does.
+    """
+    params, values = [], []
+    value_only = lambda th, *a: loss_law_objective_and_grad(th, *a)[0]  # noqa: E731
+    for x0 in starts:
+        fun, jac = (loss_law_objective_and_grad, True) if analytic_gradient else (value_only, None)
+        res = scipy.optimize.minimize(fun, x0, args=(log_n, log_d, log_loss, delta), jac=jac, method="L-BFGS-B")
+        params.append(res.x)
+        values.append(res.fun)
+    return np.array(params), np.array(values)

@@ -185,7 +185,7 @@ def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warm
     divergences = int(np.sum(np.asarray(mcmc.get_extra_fields()["diverging"])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        idata = az.from_numpyro(mcmc)
+        idata = az.from_numpyro(mcmc, log_likelihood=False)  # pointwise terms: MBs we never use
     return PosteriorRun(samples, idata, check_diagnostics(idata, divergences, var_names=var_names))
 
 
