@@ -22,8 +22,8 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 from sdsl_jax import SDSL2026, LossLaw  # noqa: E402
-from sdsl_jax.bayes import interval_coverage, sample_loss_law, sample_plane  # noqa: E402
-from sdsl_jax.fitting import loss_law_log_prediction  # noqa: E402
+from sdsl_jax.bayes import interval_coverage, laws_from_posterior, sample_loss_law, sample_plane  # noqa: E402
+from sdsl_jax.fitting import loss_law_log_prediction, theta_from_law  # noqa: E402
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
 TRUE_LOSS_SIGMA, TRUE_NU = 0.02, 8.0
@@ -51,7 +51,7 @@ def loss_law_coverage(num_datasets: int, *, num_runs: int = 60, num_warmup: int 
                       seed: int = 0, level: float = 0.9) -> dict[str, float]:
     """Coverage of E, A, B, alpha, beta over synthetic Chinchilla-like runs (Student-t noise)."""
     rng = np.random.default_rng(seed)
-    theta = np.array([np.log(TRUE_LAW.A), np.log(TRUE_LAW.B), np.log(TRUE_LAW.E), TRUE_LAW.alpha, TRUE_LAW.beta])
+    theta = theta_from_law(TRUE_LAW)
     hits = {k: [] for k in LossLaw._fields}
     for i in range(num_datasets):
         n = 10 ** rng.uniform(7.5, 10.5, num_runs)
@@ -60,8 +60,7 @@ def loss_law_coverage(num_datasets: int, *, num_runs: int = 60, num_warmup: int 
         loss = np.exp(mean + TRUE_LOSS_SIGMA * rng.standard_t(TRUE_NU, num_runs))
         run = sample_loss_law(n, d, loss, init=TRUE_LAW, num_chains=1, num_warmup=num_warmup,
                               num_samples=num_samples, seed=seed + i, progress_bar=False, summarize=False)
-        draws = dict(E=np.exp(run.samples["e"]), A=np.exp(run.samples["a"]), B=np.exp(run.samples["b"]),
-                     alpha=run.samples["alpha"], beta=run.samples["beta"])
+        draws = laws_from_posterior(run.samples)._asdict()
         for k in hits:
             hits[k].append(interval_coverage(draws[k], getattr(TRUE_LAW, k), level=level))
     return {k: float(np.mean(v)) for k, v in hits.items()}

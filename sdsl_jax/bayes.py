@@ -34,7 +34,7 @@ from jax.typing import ArrayLike
 from numpyro.infer import MCMC, NUTS
 
 from sdsl_jax.acceptance import AcceptancePlane
-from sdsl_jax.fitting import loss_law_log_prediction
+from sdsl_jax.fitting import law_from_theta, loss_law_log_prediction, theta_from_law
 from sdsl_jax.optimum import LinearLaw, fit_linear_law, solve_draft_size
 from sdsl_jax.scaling import LossLaw
 
@@ -219,9 +219,7 @@ def sample_loss_law(
     ``diagnostics`` are then None): for loops over many small fits such as calibration.
     """
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    residual = np.asarray(log_loss) - np.asarray(
-        loss_law_log_prediction(jnp.stack([jnp.log(init.A), jnp.log(init.B), jnp.log(init.E), init.alpha, init.beta]),
-                                log_n, log_d))
+    residual = np.asarray(log_loss) - np.asarray(loss_law_log_prediction(theta_from_law(init), log_n, log_d))
     # Unconstrained coordinates: log for the LogNormal/HalfNormal sites.
     centre = dict(a=float(np.log(init.A)), b=float(np.log(init.B)), e=float(np.log(init.E)),
                   alpha=float(np.log(init.alpha)), beta=float(np.log(init.beta)),
@@ -266,8 +264,8 @@ def sample_plane(
 
 def laws_from_posterior(samples: dict[str, np.ndarray]) -> LossLaw:
     """Posterior draws of (a, b, e, alpha, beta) as a :class:`LossLaw` of arrays."""
-    return LossLaw(E=np.exp(samples["e"]), A=np.exp(samples["a"]), B=np.exp(samples["b"]),
-                   alpha=samples["alpha"], beta=samples["beta"])
+    theta = np.stack([samples[k] for k in ("a", "b", "e", "alpha", "beta")], axis=-1)
+    return LossLaw(*(np.asarray(v) for v in law_from_theta(theta)))
 
 
 def planes_from_posterior(samples: dict[str, np.ndarray]) -> AcceptancePlane:

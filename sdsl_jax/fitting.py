@@ -41,6 +41,8 @@ __all__ = [
     "fit_multistart",
     "loss_law_log_prediction",
     "loss_law_objective",
+    "law_from_theta",
+    "theta_from_law",
     "fit_loss_law",
     "fit_acceptance_plane",
 ]
@@ -250,6 +252,11 @@ def law_from_theta(theta: ArrayLike) -> LossLaw:
     """``(a, b, e, alpha, beta)`` -> ``LossLaw(E=e^e, A=e^a, B=e^b, alpha, beta)``."""
     a, b, e, alpha, beta = jnp.moveaxis(jnp.asarray(theta), -1, 0)
     return LossLaw(E=jnp.exp(e), A=jnp.exp(a), B=jnp.exp(b), alpha=alpha, beta=beta)
+
+
+def theta_from_law(law: LossLaw) -> jax.Array:
+    """``LossLaw`` -> ``(a, b, e, alpha, beta)`` = ``(log A, log B, log E, alpha, beta)``."""
+    return jnp.stack([jnp.log(law.A), jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.alpha), jnp.asarray(law.beta)])
 
 
 def fit_loss_law(
