@@ -40,9 +40,9 @@ jax.config.update("jax_enable_x64", True)  # the Huber fit and N* need float64
 import numpy as np  # noqa: E402
 
 from experiments import fit_figures  # noqa: E402
-from sdsl_jax import SDSL2026, AcceptancePlane, bayes, solve_draft_size  # noqa: E402
+from sdsl_jax import SDSL2026, AcceptancePlane, LossLaw, bayes, solve_draft_size  # noqa: E402
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
-from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law  # noqa: E402
+from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, law_from_theta  # noqa: E402
 from sdsl_jax.optimum import fit_linear_law  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +86,8 @@ def parse_args(argv):
     p.add_argument("--no-figures", action="store_true", help="skip the figures")
     p.add_argument("--strict", action="store_true", help="exit with status 3 when posterior diagnostics fail")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--resume", action="store_true", help="reuse the stages (point fit, posteriors) that an "
+                   "earlier, interrupted run finished in --out with the same data and settings")
     return p.parse_args(argv)
 
 
@@ -119,6 +121,50 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=2, allow_nan=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+class Stages:
+    """Finished units of work in ``<out>/stages/``, each keyed by a fingerprint of its inputs.
+
+    Written atomically when a unit ends; with ``--resume`` a unit whose fingerprint matches is
+    loaded instead of recomputed, so an interruption loses at most the unit in flight.
+    """
+
+    def __init__(self, out: str, resume: bool, inputs: dict):
+        self.dir, self.resume = os.path.join(out, "stages"), resume
+        self.inputs = json.dumps(inputs, sort_keys=True)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def _key(self, name: str) -> str:
+        return hashlib.sha256(f"{name}|{self.inputs}".encode()).hexdigest()
+
+    def load(self, name: str) -> dict | None:
+        path = os.path.join(self.dir, name + ".npz")
+        if not (self.resume and os.path.exists(path)):
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["fingerprint"]) != self._key(name):
+                return None
+            return {k: data[k] for k in data.files if k != "fingerprint"}
+
+    def save(self, name: str, **arrays) -> None:
+        path = os.path.join(self.dir, name + ".npz")
+        with open(path + ".tmp", "wb") as f:
+            np.savez(f, fingerprint=self._key(name), **arrays)
+        os.replace(path + ".tmp", path)
+
+
+def sample_with_stage(stages, name, nc_path, sample):
+    """Run ``sample()`` (a bayes.sample_* call) unless ``stages`` holds its finished result."""
+    cached = stages.load(name)
+    if cached is not None and os.path.exists(nc_path):
+        samples = {k[2:]: v for k, v in cached.items() if k.startswith("s_")}
+        diagnostics = bayes.Diagnostics(**json.loads(str(cached["diagnostics"])))
+        return bayes.PosteriorRun(samples, bayes.az.from_netcdf(nc_path), diagnostics), True
+    run = sample()
+    bayes.save_inference_data(run.inference_data, nc_path)
+    stages.save(name, diagnostics=json.dumps(run.diagnostics._asdict()), **{f"s_{k}": v for k, v in run.samples.items()})
+    return run, False
 
 
 def interval(draws, level=0.9):
@@ -162,11 +208,21 @@ def run(args) -> int:
             last[0] = now
             log(f"loss law: L-BFGS round {rnd}, {active}/{total} starts still running")
 
-    fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=starts, progress=progress)
-    law = fit.law
+    stages = Stages(args.out, args.resume, dict(
+        pretraining=sha256(pre_path), acceptance=sha256(acc_path) if acc_path else None, drop=drop,
+        starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed))
+    point = stages.load("point_fit")
+    if point is None:
+        fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=starts, progress=progress)
+        point = dict(theta=np.asarray(fit.theta), value=np.asarray(fit.result.value),
+                     converged=np.asarray(fit.result.converged))
+        stages.save("point_fit", **point)
+    else:
+        log("loss law: point fit reused from an earlier run (--resume)")
+    law = LossLaw(*(float(v) for v in law_from_theta(point["theta"])))
+    fit_value, fit_converged = float(point["value"]), bool(point["converged"])
     log("loss law: E={:.4f} A={:.2f} B={:.2f} alpha={:.4f} beta={:.4f} (objective {:.6g}, {})".format(
-        *(float(v) for v in law), float(fit.result.value),
-        "converged" if bool(fit.result.converged) else "NOT converged"))
+        *(float(v) for v in law), fit_value, "converged" if fit_converged else "NOT converged"))
 
     # (2) plane.
     if acceptance is not None:
@@ -202,7 +258,7 @@ def run(args) -> int:
                       args.num_targets], starts=len(starts), chains=args.chains, warmup=args.warmup,
                       draws=args.draws),
         loss_law=dict(E=float(law.E), A=float(law.A), B=float(law.B), alpha=float(law.alpha), beta=float(law.beta),
-                      objective=float(fit.result.value), converged=bool(fit.result.converged)),
+                      objective=fit_value, converged=fit_converged),
         plane=dict(A=float(plane.A), B=float(plane.B), C=float(plane.C), **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
@@ -218,20 +274,24 @@ def run(args) -> int:
     strict_failure = False
     if args.posterior:
         log(f"posterior: NUTS on the loss law, {args.chains} chains x ({args.warmup} warm-up + {args.draws} draws)")
-        post = bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=law, num_chains=args.chains,
-                                     num_warmup=args.warmup, num_samples=args.draws, seed=args.seed,
-                                     progress_bar=not args.quiet)
-        bayes.save_inference_data(post.inference_data, os.path.join(args.out, "loss_law_posterior.nc"))
+        post, reused = sample_with_stage(
+            stages, "loss_law_posterior", os.path.join(args.out, "loss_law_posterior.nc"),
+            lambda: bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=law, num_chains=args.chains,
+                                          num_warmup=args.warmup, num_samples=args.draws, seed=args.seed,
+                                          progress_bar=not args.quiet))
+        if reused:
+            log("posterior: loss-law draws reused from an earlier run (--resume)")
         diagnostics = {"loss_law": post.diagnostics._asdict()}
         laws = bayes.laws_from_posterior(post.samples)
         planes = plane
         if acceptance is not None:
             log("posterior: NUTS on the acceptance plane")
-            plane_post = bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
-                                            weights=acceptance.regression_weights(), num_chains=args.chains,
-                                            num_warmup=args.warmup, num_samples=args.draws, seed=args.seed + 1,
-                                            progress_bar=not args.quiet)
-            bayes.save_inference_data(plane_post.inference_data, os.path.join(args.out, "plane_posterior.nc"))
+            plane_post, _ = sample_with_stage(
+                stages, "plane_posterior", os.path.join(args.out, "plane_posterior.nc"),
+                lambda: bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
+                                           weights=acceptance.regression_weights(), num_chains=args.chains,
+                                           num_warmup=args.warmup, num_samples=args.draws, seed=args.seed + 1,
+                                           progress_bar=not args.quiet))
             diagnostics["plane"] = plane_post.diagnostics._asdict()
             planes = bayes.planes_from_posterior(plane_post.samples)
             # Pair each loss-law draw with a plane draw (independent posteriors).

@@ -89,3 +89,18 @@ def test_help_explains_the_options():
     for option in ("--posterior", "--pretraining", "--acceptance", "--chains", "--draws", "--seed", "--out",
                    "--strict", "--d-draft", "--d-target", "--targets"):
         assert option in proc.stdout
+
+
+def test_resume_reuses_finished_stages_only_when_inputs_match(tmp_path, capsys):
+    base = ["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--starts", "45", "--num-targets", "3",
+            "--out", str(tmp_path), "--no-figures"]
+    assert fit_cli.main(base) == 0
+    first = json.loads((tmp_path / "summary.json").read_text())
+    capsys.readouterr()
+    assert fit_cli.main(base + ["--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "point fit reused" in out and "loss-law draws reused" in out
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again["posterior"]["loss_law"] == first["posterior"]["loss_law"]
+    assert fit_cli.main(base + ["--resume", "--seed", "1"]) == 0  # another seed: the posterior is redone
+    assert "loss-law draws reused" not in capsys.readouterr().out
