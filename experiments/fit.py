@@ -309,33 +309,29 @@ def run(args) -> int:
                     f"Do not trust its bands; run longer (--warmup/--draws) or more chains.\n{banner}")
 
         log("propagating posterior draws to N*(M)")
-        all_m = np.concatenate([m_grid, named])
-        bands = bayes.propagate_draft_size(all_m, laws, planes, **kw,
+        bands = bayes.propagate_draft_size(m_grid, laws, planes, **kw,
                                            progress=lambda d, t: log(f"  {d}/{t} draws solved"))
-        g = len(m_grid)
+        named_bands = bayes.propagate_draft_size(named, laws, planes, **kw)
         q = list(bands.quantiles)
         i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
         for j, target in enumerate(summary["targets"]):
-            col = g + j
-            target.update(n_star_median=float(bands.n_star[i50, col]), n_star_lo90=float(bands.n_star[i05, col]),
-                          n_star_hi90=float(bands.n_star[i95, col]),
-                          m_over_n_star_lo90=float(bands.m_over_n[i05, col]),
-                          m_over_n_star_hi90=float(bands.m_over_n[i95, col]),
-                          gamma_star_lo90=float(bands.gamma_star[i05, col]),
-                          gamma_star_hi90=float(bands.gamma_star[i95, col]),
-                          failed_fraction=float(bands.failed_fraction[col]))
-        grid_bands = bayes.propagate_draft_size(m_grid, laws, planes, **kw)
+            nb = named_bands
+            target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
+                          n_star_hi90=float(nb.n_star[i95, j]),
+                          m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
+                          m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
+                          gamma_star_lo90=float(nb.gamma_star[i05, j]),
+                          gamma_star_hi90=float(nb.gamma_star[i95, j]),
+                          failed_fraction=float(nb.failed_fraction[j]))
         summary["posterior"] = dict(
             diagnostics=diagnostics,
             loss_law={k: interval(v) for k, v in laws._asdict().items()},
             plane={k: interval(v) for k, v in planes._asdict().items()} if acceptance is not None else "fixed",
-            linear_law=dict(mu=interval(grid_bands.linear_law.mu), m0=interval(grid_bands.linear_law.m0)),
-            bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=grid_bands.n_star.tolist(),
-                       m_over_n_star=grid_bands.m_over_n.tolist(), gamma_star=grid_bands.gamma_star.tolist(),
-                       tokens_per_flop=grid_bands.throughput.tolist(),
-                       failed_fraction=grid_bands.failed_fraction.tolist()),
+            linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
+            bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
+                       m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
+                       tokens_per_flop=bands.throughput.tolist(), failed_fraction=bands.failed_fraction.tolist()),
         )
-        bands = grid_bands
     if acceptance is None:
         sens = bayes.plane_sensitivity(named, law=law, plane=plane, **kw)
         summary["plane_sensitivity"] = dict(
