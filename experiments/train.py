@@ -1,0 +1,94 @@
+"""Training core for the model ladder: AdamW with a warmup-stable-decay schedule, data parallel.
+
+Pure functional steps over ``(params, opt_state)`` so the same code runs on one device or many:
+the batch is sharded along a ``data`` mesh axis spanning all devices, parameters and optimizer
+state are replicated, and XLA inserts the gradient all-reduce. ``XLA_FLAGS=
+--xla_force_host_platform_device_count=4`` exercises the multi-device path on a CPU.
+
+Schedule: warmup-stable-decay (WSD; Hu et al. 2024, "MiniCPM"; Hägele et al. 2024, "Scaling Laws
+and Compute-Optimal Training Beyond Fixed Training Durations"): linear warmup, a constant plateau,
+then a linear decay to zero over the last ``decay_fraction`` of the run. A decay branch taken from
+the plateau at step s gives a model trained on s tokens-budget at the cost of the short decay
+only, which is how one run yields several token budgets D for the loss law L(N, D).
+
+Groundwork for the experiments issue: the ladder driver (presets, orbax checkpoints, resume,
+progress) builds on these functions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sdsl_jax.model import Transformer
+
+
+def wsd_schedule(*, peak: float, warmup_steps: int, total_steps: int, decay_fraction: float = 0.2) -> optax.Schedule:
+    """Warmup-stable-decay learning rate: 0 -> peak (linear), peak, then linear to 0 at ``total_steps``."""
+    if not 0 <= warmup_steps < total_steps or not 0 < decay_fraction < 1:
+        raise ValueError(f"need 0 <= warmup_steps < total_steps and 0 < decay_fraction < 1, got "
+                         f"{warmup_steps}, {total_steps}, {decay_fraction}")
+    decay_steps = max(1, int(round(decay_fraction * total_steps)))
+    stable_end = max(warmup_steps, total_steps - decay_steps)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, max(warmup_steps, 1)), optax.constant_schedule(peak),
+         optax.linear_schedule(peak, 0.0, total_steps - stable_end)],
+        [warmup_steps, stable_end],
+    )
+
+
+class TrainState(NamedTuple):
+    params: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+def next_token_loss(graphdef, params, batch: jax.Array) -> jax.Array:
+    """Mean cross-entropy (nats per token) of predicting ``batch[:, 1:]`` from ``batch[:, :-1]``."""
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+
+def data_mesh(devices=None) -> jax.sharding.Mesh:
+    devices = np.asarray(jax.devices() if devices is None else devices)
+    return jax.sharding.Mesh(devices, ("data",))
+
+
+def init_train_state(model: Transformer, optimizer: optax.GradientTransformation, mesh) -> tuple:
+    graphdef, params = nnx.split(model)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = jax.device_put(params, replicated)
+    return graphdef, TrainState(params, jax.device_put(optimizer.init(params), replicated), jnp.zeros((), jnp.int32))
+
+
+def make_train_step(graphdef, optimizer: optax.GradientTransformation):
+    """A jitted ``step(state, batch) -> (state, loss)``; shard ``batch`` with :func:`shard_batch`."""
+
+    @jax.jit
+    def step(state: TrainState, batch: jax.Array):
+        loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
+
+    return step
+
+
+def shard_batch(batch: np.ndarray, mesh) -> jax.Array:
+    """Place a ``(batch, seq)`` token array with its leading axis split over the mesh's devices."""
+    if batch.shape[0] % mesh.devices.size:
+        raise ValueError(f"batch size {batch.shape[0]} is not divisible by {mesh.devices.size} devices")
+    return jax.device_put(jnp.asarray(batch, jnp.int32), NamedSharding(mesh, PartitionSpec("data")))
+
+
+def sample_batch(tokens: np.ndarray, rng: np.random.Generator, *, batch_size: int, seq_len: int) -> np.ndarray:
+    """Random windows of ``seq_len + 1`` tokens (inputs and shifted targets)."""
+    starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
+    return np.stack([tokens[s : s + seq_len + 1] for s in starts])

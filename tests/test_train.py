@@ -1,0 +1,72 @@
+"""Training core: the WSD schedule, learning on real text, and identical steps on 1 and 4 devices."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from experiments import corpus
+from experiments.train import (
+    data_mesh,
+    init_train_state,
+    make_train_step,
+    sample_batch,
+    shard_batch,
+    wsd_schedule,
+)
+from sdsl_jax.model import Transformer, TransformerConfig
+
+CONFIG = TransformerConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=2, d_ff=128, max_len=64)
+
+
+def test_wsd_schedule_shape():
+    lr = wsd_schedule(peak=1e-3, warmup_steps=10, total_steps=100, decay_fraction=0.2)
+    assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1e-3)
+    assert float(lr(50)) == pytest.approx(1e-3) and float(lr(80)) == pytest.approx(1e-3)
+    assert float(lr(90)) == pytest.approx(5e-4) and float(lr(100)) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        wsd_schedule(peak=1e-3, warmup_steps=100, total_steps=100)
+
+
+def run_steps(devices, steps, seed=0):
+    mesh = data_mesh(devices)
+    optimizer = optax.adamw(wsd_schedule(peak=3e-3, warmup_steps=min(5, steps - 1), total_steps=steps), weight_decay=0.01)
+    graphdef, state = init_train_state(Transformer(CONFIG, rngs=nnx.Rngs(seed)), optimizer, mesh)
+    step = make_train_step(graphdef, optimizer)
+    tokens = corpus.load_corpus().train[:2_000_000]
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):
+        state, loss = step(state, shard_batch(sample_batch(tokens, rng, batch_size=8, seq_len=63), mesh))
+        losses.append(float(loss))
+    return state, np.array(losses)
+
+
+def test_learns_real_text():
+    _, losses = run_steps(jax.devices()[:1], 60)
+    assert losses[0] > 5.0  # about log(256) = 5.55 at initialisation
+    assert losses[-10:].mean() < 3.5  # bytes of English are far from uniform: the model must find that
+
+
+def test_one_and_four_devices_take_the_same_steps():
+    if len(jax.devices()) < 4:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=4 (set in conftest)")
+    one, l1 = run_steps(jax.devices()[:1], 5)
+    four, l4 = run_steps(jax.devices()[:4], 5)
+    np.testing.assert_allclose(l1, l4, rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+
+
+def test_batch_is_split_over_the_devices():
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices")
+    batch = shard_batch(np.zeros((8, 64), np.int32), data_mesh(jax.devices()[:4]))
+    assert len(batch.sharding.device_set) == 4
+    assert {s.data.shape for s in batch.addressable_shards} == {(2, 64)}
+
+
+def test_batch_must_divide_over_devices():
+    with pytest.raises(ValueError, match="not divisible"):
+        shard_batch(np.zeros((6, 8), np.int32), data_mesh(jax.devices()[:4]))
