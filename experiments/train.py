@@ -11,12 +11,14 @@ then a linear decay to zero over the last ``decay_fraction`` of the run. A decay
 the plateau at step s gives a model trained on s tokens-budget at the cost of the short decay
 only, which is how one run yields several token budgets D for the loss law L(N, D).
 
-Groundwork for the experiments issue: the ladder driver (presets, orbax checkpoints, resume,
-progress) builds on these functions.
+:func:`train` adds orbax checkpoints and exact resumption (batches are a function of the seed and
+the step). Groundwork for the experiments issue: the ladder driver (presets, decay branches,
+progress over many sizes) builds on these functions.
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import jax
@@ -92,3 +94,68 @@ def sample_batch(tokens: np.ndarray, rng: np.random.Generator, *, batch_size: in
     """Random windows of ``seq_len + 1`` tokens (inputs and shifted targets)."""
     starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
     return np.stack([tokens[s : s + seq_len + 1] for s in starts])
+
+
+def _checkpoint_manager(directory: str, keep: int):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def train(
+    config,
+    tokens: np.ndarray,
+    *,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    peak_lr: float,
+    seed: int,
+    checkpoint_dir: str,
+    checkpoint_every: int = 100,
+    warmup_steps: int | None = None,
+    decay_fraction: float = 0.2,
+    stop_after: int | None = None,
+    progress=None,
+    devices=None,
+):
+    """Train a :class:`Transformer` with AdamW + WSD, checkpointing with orbax and resuming.
+
+    The batch of step ``s`` is drawn from ``np.random.default_rng([seed, s])``, so a resumed run
+    sees exactly the batches an uninterrupted one would: a killed run loses at most the steps
+    since its last checkpoint. ``stop_after`` ends early (for tests and time-boxed runs) after
+    saving a checkpoint.
+
+    Returns:
+      ``(model, losses)``: the trained model and the losses of the steps run in this call.
+    """
+    import orbax.checkpoint as ocp
+
+    mesh = data_mesh(devices)
+    warmup = warmup_steps if warmup_steps is not None else max(1, steps // 20)
+    optimizer = optax.adamw(wsd_schedule(peak=peak_lr, warmup_steps=warmup, total_steps=steps,
+                                         decay_fraction=decay_fraction), weight_decay=0.1)
+    graphdef, state = init_train_state(Transformer(config, rngs=nnx.Rngs(seed)), optimizer, mesh)
+    manager = _checkpoint_manager(checkpoint_dir, keep=2)
+    latest = manager.latest_step()
+    if latest is not None:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        if progress:
+            progress(f"resumed from the checkpoint at step {latest}")
+    step_fn = make_train_step(graphdef, optimizer)
+    losses = []
+    end = steps if stop_after is None else min(steps, stop_after)
+    for s in range(int(state.step), end):
+        batch = sample_batch(tokens, np.random.default_rng([seed, s]), batch_size=batch_size, seq_len=seq_len)
+        state, loss = step_fn(state, shard_batch(batch, mesh))
+        losses.append(float(loss))
+        done = s + 1
+        if done % checkpoint_every == 0 or done == end:
+            manager.save(done, args=ocp.args.StandardSave(state))
+        if progress and (done % max(1, checkpoint_every) == 0 or done == end):
+            progress(f"step {done}/{steps} loss {float(loss):.4f}")
+    manager.wait_until_finished()
+    manager.close()
+    return nnx.merge(graphdef, state.params), losses

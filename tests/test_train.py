@@ -13,6 +13,7 @@ from experiments.train import (
     make_train_step,
     sample_batch,
     shard_batch,
+    train,
     wsd_schedule,
 )
 from sdsl_jax.model import Transformer, TransformerConfig
@@ -70,3 +71,17 @@ def test_batch_is_split_over_the_devices():
 def test_batch_must_divide_over_devices():
     with pytest.raises(ValueError, match="not divisible"):
         shard_batch(np.zeros((6, 8), np.int32), data_mesh(jax.devices()[:4]))
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    tokens = corpus.load_corpus().train[:500_000]
+    kw = dict(steps=12, batch_size=4, seq_len=32, peak_lr=3e-3, seed=5, checkpoint_every=4,
+              devices=jax.devices()[:1])
+    whole, whole_losses = train(CONFIG, tokens, checkpoint_dir=str(tmp_path / "a"), **kw)
+    _, first = train(CONFIG, tokens, checkpoint_dir=str(tmp_path / "b"), stop_after=7, **kw)  # "killed" after 7
+    messages = []
+    resumed, rest = train(CONFIG, tokens, checkpoint_dir=str(tmp_path / "b"), progress=messages.append, **kw)
+    assert messages[0] == "resumed from the checkpoint at step 7" and len(first) == 7 and len(rest) == 5
+    np.testing.assert_allclose(first + rest, whole_losses, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(nnx.state(whole)), jax.tree.leaves(nnx.state(resumed))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
