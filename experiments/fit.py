@@ -40,7 +40,7 @@ jax.config.update("jax_enable_x64", True)  # the Huber fit and N* need float64
 import numpy as np  # noqa: E402
 
 from experiments import fit_figures  # noqa: E402
-from sdsl_jax import SDSL2026, AcceptancePlane, LossLaw, bayes, solve_draft_size  # noqa: E402
+from sdsl_jax import SDSL2026, SDSL2026_LINEAR_LAW, AcceptancePlane, LossLaw, bayes, solve_draft_size  # noqa: E402
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
 from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, law_from_theta  # noqa: E402
 from sdsl_jax.optimum import fit_linear_law  # noqa: E402
@@ -53,7 +53,7 @@ DATASETS = {
                    acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"), drop_highest_loss=0),
 }
 NAMED_TARGETS = (13e9, 30e9, 70e9, 110e9)
-PAPER_MU, PAPER_M0 = 2.71e-3, 8.71e7
+PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 
 
 def parse_args(argv):

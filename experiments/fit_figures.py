@@ -10,9 +10,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sdsl_jax import acceptance_rate, draft_throughput, pretraining_loss, solve_draft_size  # noqa: E402
+from sdsl_jax import (  # noqa: E402
+    SDSL2026_LINEAR_LAW,
+    acceptance_rate,
+    draft_throughput,
+    pretraining_loss,
+    solve_draft_size,
+)
 
-PAPER_MU, PAPER_M0 = 2.71e-3, 8.71e7
+PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 CAPTION = "python -m experiments.fit --posterior"
 
 

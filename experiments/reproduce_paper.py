@@ -19,9 +19,16 @@ jax.config.update("jax_enable_x64", True)  # N* is weakly identified: solve it i
 
 import numpy as np  # noqa: E402
 
-from sdsl_jax import BESIROGLU2024, HOFFMANN2022, SDSL2026, fit_linear_law, solve_draft_size  # noqa: E402
+from sdsl_jax import (  # noqa: E402
+    BESIROGLU2024,
+    HOFFMANN2022,
+    SDSL2026,
+    SDSL2026_LINEAR_LAW,
+    fit_linear_law,
+    solve_draft_size,
+)
 
-PAPER_MU, PAPER_M0 = 2.71e-3, 8.71e7
+PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 NAMED_TARGETS = [13e9, 30e9, 70e9, 110e9]
 PRESETS = {"HOFFMANN2022": HOFFMANN2022, "BESIROGLU2024": BESIROGLU2024}
 

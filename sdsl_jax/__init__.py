@@ -17,6 +17,7 @@ from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit
 from sdsl_jax.lambertw import lambertw, lambertw_m1_log
 from sdsl_jax.optimum import (
     DraftSizeSolution,
+    SDSL2026_LINEAR_LAW,
     LinearLaw,
     SolveStatus,
     draft_acceptance,
@@ -49,6 +50,7 @@ __all__ = [
     "LinearLaw",
     "LossLaw",
     "SDSL2026",
+    "SDSL2026_LINEAR_LAW",
     "SolveStatus",
     "acceptance_from_counts",
     "acceptance_from_distributions",

@@ -46,6 +46,7 @@ __all__ = [
     "SolveStatus",
     "DraftSizeSolution",
     "LinearLaw",
+    "SDSL2026_LINEAR_LAW",
     "draft_acceptance",
     "draft_throughput",
     "solve_draft_size",
@@ -89,6 +90,11 @@ class LinearLaw(NamedTuple):
 
     mu: jax.Array
     m0: jax.Array
+
+
+SDSL2026_LINEAR_LAW = LinearLaw(mu=2.71e-3, m0=8.71e7)
+"""SDSL (2026), arXiv 2603.11053: N* ~ mu M + m0 for targets of about 13B-110B (95% CIs
+mu 2.67-2.75e-3, m0 8.50-8.93e7)."""
 
 
 def draft_acceptance(
