@@ -28,10 +28,8 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from importlib import metadata  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -40,6 +38,7 @@ jax.config.update("jax_enable_x64", True)  # the Huber fit and N* need float64
 import numpy as np  # noqa: E402
 
 from experiments import fit_figures  # noqa: E402
+from experiments.runlog import Log, sha256, versions, write_json  # noqa: E402
 from sdsl_jax import SDSL2026, SDSL2026_LINEAR_LAW, AcceptancePlane, LossLaw, bayes, solve_draft_size  # noqa: E402
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
 from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, law_from_theta  # noqa: E402
@@ -48,11 +47,13 @@ from sdsl_jax.optimum import fit_linear_law  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = {
     "chinchilla": dict(pretraining=os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv"), acceptance=None,
-                       drop_highest_loss=5),
+                       drop_highest_loss=5, m_min=1e10, m_max=1.1e11, targets=(13e9, 30e9, 70e9, 110e9),
+                       d_draft=1e12, d_target=1e12),
+    # Our ladder's scale: targets of 50k-2M parameters trained on ~1e6-1e7 bytes.
     "ladder": dict(pretraining=os.path.join(REPO, "fits", "ladder", "pretraining.csv"),
-                   acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"), drop_highest_loss=0),
+                   acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"), drop_highest_loss=0,
+                   m_min=5e4, m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=5e6, d_target=5e6),
 }
-NAMED_TARGETS = (13e9, 30e9, 70e9, 110e9)
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 
 
@@ -69,13 +70,16 @@ def parse_args(argv):
     p.add_argument("--drop-highest-loss", type=int, metavar="K", help="drop the K highest-loss runs before "
                    "fitting (default: 5 for the shipped Chinchilla data, as the Epoch replication does; else 0)")
     p.add_argument("--posterior", action="store_true", help="also sample NUTS posteriors and report bands")
-    p.add_argument("--m-min", type=float, default=1e10, help="smallest target size of the N*(M) grid (1e10)")
-    p.add_argument("--m-max", type=float, default=1.1e11, help="largest target size of the N*(M) grid (1.1e11)")
+    p.add_argument("--m-min", type=float, help="smallest target size of the N*(M) grid (chinchilla: 1e10; "
+                   "ladder: 5e4)")
+    p.add_argument("--m-max", type=float, help="largest target size of the N*(M) grid (chinchilla: 1.1e11; "
+                   "ladder: 2e6)")
     p.add_argument("--num-targets", type=int, default=41, help="target sizes in the grid, linearly spaced (41)")
     p.add_argument("--targets", type=float, nargs="+", metavar="M",
-                   help="named targets for the table (default: 13e9 30e9 70e9 110e9)")
-    p.add_argument("--d-draft", type=float, default=1e12, help="draft training tokens D (1e12)")
-    p.add_argument("--d-target", type=float, default=1e12, help="target training tokens D' (1e12)")
+                   help="named targets for the table (chinchilla: 13e9 30e9 70e9 110e9; ladder: 1.2e5 2.6e5 "
+                   "4.8e5 1.2e6)")
+    p.add_argument("--d-draft", type=float, help="draft training tokens D (chinchilla: 1e12; ladder: 5e6)")
+    p.add_argument("--d-target", type=float, help="target training tokens D' (chinchilla: 1e12; ladder: 5e6)")
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (4)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS warm-up iterations per chain (500)")
     p.add_argument("--draws", type=int, default=500, help="NUTS draws per chain (500)")
@@ -89,38 +93,6 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true", help="reuse the stages (point fit, posteriors) that an "
                    "earlier, interrupted run finished in --out with the same data and settings")
     return p.parse_args(argv)
-
-
-class Log:
-    def __init__(self, quiet: bool):
-        self.quiet, self.t0 = quiet, time.perf_counter()
-
-    def __call__(self, msg: str, end: str = "\n") -> None:
-        if not self.quiet:
-            print(f"[{time.perf_counter() - self.t0:6.1f}s] {msg}", end=end, flush=True)
-
-
-def sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("sdsl-jax", "jax", "jaxlib", "numpy", "optax", "numpyro", "arviz"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
-def write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 class Stages:
@@ -175,6 +147,9 @@ def interval(draws, level=0.9):
 def run(args) -> int:
     log = Log(args.quiet)
     dataset = DATASETS[args.dataset]
+    for name in ("m_min", "m_max", "targets", "d_draft", "d_target"):
+        if getattr(args, name) is None:
+            setattr(args, name, dataset[name])
     pre_path = args.pretraining or dataset["pretraining"]
     acc_path = args.acceptance or (dataset["acceptance"] if not args.pretraining else None)
     drop = args.drop_highest_loss if args.drop_highest_loss is not None else (
@@ -237,7 +212,7 @@ def run(args) -> int:
 
     # (3) N*(M).
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
-    named = np.asarray(args.targets or NAMED_TARGETS, np.float64)
+    named = np.asarray(args.targets, np.float64)
     kw = dict(d_draft=args.d_draft, d_target=args.d_target)
     grid_sol = solve_draft_size(m_grid, loss=law, plane=plane, **kw)
     named_sol = solve_draft_size(named, loss=law, plane=plane, **kw)
@@ -348,6 +323,16 @@ def run(args) -> int:
     return 3 if (args.strict and strict_failure) else 0
 
 
+def size(n: float) -> str:
+    """A parameter count with a readable unit: 293.6M, 70B, 35.3k."""
+    if not np.isfinite(n):
+        return "nan"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g}{unit}" if unit != "M" or abs(n) < 1e8 else f"{n / scale:.1f}{unit}"
+    return f"{n:.3g}"
+
+
 def print_table(summary, args) -> None:
     if args.quiet:
         return
@@ -364,9 +349,9 @@ def print_table(summary, args) -> None:
     print(f"Acceptance plane: A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
     print("\n  target M |     N* (point) |  N* median [90% band]         |  M/N* | gamma* | alpha")
     for t in summary["targets"]:
-        band = (f"{t['n_star_median'] / 1e6:8.1f}M [{t['n_star_lo90'] / 1e6:.1f}M, {t['n_star_hi90'] / 1e6:.1f}M]"
+        band = (f"{size(t['n_star_median']):>8} [{size(t['n_star_lo90'])}, {size(t['n_star_hi90'])}]"
                 if "n_star_median" in t else "(run with --posterior)")
-        print(f"  {t['m_target'] / 1e9:7.0f}B | {t['n_star'] / 1e6:13.1f}M | {band:<29} | {t['m_over_n_star']:5.0f} | "
+        print(f"  {size(t['m_target']):>8} | {size(t['n_star']):>14} | {band:<29} | {t['m_over_n_star']:5.0f} | "
               f"{t['gamma_star']:6.2f} | {t['alpha']:.4f}")
     ll = summary["linear_law"]
     if ll:

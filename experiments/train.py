@@ -67,7 +67,10 @@ def init_train_state(model: Transformer, optimizer: optax.GradientTransformation
     graphdef, params = nnx.split(model)
     replicated = NamedSharding(mesh, PartitionSpec())
     params = jax.device_put(params, replicated)
-    return graphdef, TrainState(params, jax.device_put(optimizer.init(params), replicated), jnp.zeros((), jnp.int32))
+    # Every leaf committed to the replicated sharding, as the step's outputs are: an uncommitted
+    # leaf here made the second call compile the step again.
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    return graphdef, jax.device_put(state, replicated)
 
 
 def make_train_step(graphdef, optimizer: optax.GradientTransformation):

@@ -1,0 +1,329 @@
+"""Train the model ladder: byte-level transformers of several sizes, each at several token budgets.
+
+    python -m experiments.ladder --preset micro      # CI-sized, seconds
+    python -m experiments.ladder --preset real       # the committed ladder, about 30 minutes on 2 cores
+
+Every rung (model size) is trained ONCE with a warmup-stable-decay schedule and yields one model
+per token budget through decay branches [Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+Training Beyond Fixed Training Durations"]: the plateau run (constant learning rate after the
+warmup) is forked at ``(1 - decay_fraction) * S_k`` and the fork decays linearly to zero at step
+``S_k``. Batches are a function of ``(seed, step)``, so branch ``k`` IS the WSD run of length
+``S_k`` (same batches, same schedule), at the cost of its decay only: four budgets cost about
+1.2x one run instead of 1.9x. Why WSD and not one cosine run per budget: the same loss law fits
+(Hägele et al. find WSD branches match cosine runs of the same length) at half the compute,
+which here is the difference between 30 and 60 minutes.
+
+Resumption: the plateau and each branch checkpoint with orbax every ``--checkpoint-every``
+steps; a finished branch leaves ``params/`` and ``result.json`` (written last, atomically). A
+killed run restarted with the same command continues from the last checkpoint of the unit in
+flight and skips finished branches. Outputs in ``--out`` (default ``out/ladder/<preset>``):
+
+* ``<rung>/budget_<steps>/params``: the trained parameters of one (size, budget) model;
+* ``<rung>/budget_<steps>/result.json``: N, D, held-out and HellaSwag loss, timings;
+* ``ladder.json``: the registry ``experiments.measure`` reads (configs, paths, provenance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from experiments.corpus import BLOCK, HOLDOUT_EVERY, hellaswag_prompts, load_corpus
+from experiments.measure_core import text_nll, windows
+from experiments.runlog import Log, versions, write_json
+from experiments.train import (data_mesh, init_train_state, make_train_step, sample_batch, shard_batch,
+                               wsd_schedule)
+from sdsl_jax.model import Transformer, TransformerConfig, count_params
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """One model size: its shape, final token budget (tokens per parameter) and optimisation."""
+
+    name: str
+    d_model: int
+    num_layers: int
+    num_heads: int
+    tokens_per_param: float
+    batch_size: int
+    peak_lr: float
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A ladder: its rungs, the budgets as fractions of each rung's final budget, and evaluation sizes."""
+
+    name: str
+    rungs: tuple[Rung, ...]
+    budget_fractions: tuple[float, ...]
+    seq_len: int = 128
+    decay_fraction: float = 0.2
+    max_warmup_steps: int = 100
+    eval_windows: int = 256
+    seed: int = 0
+    checkpoint_every: int = 200
+
+
+PRESETS = {
+    # Three tiny rungs and two budgets: exercises every code path in seconds (tests, CI).
+    "micro": Preset(
+        name="micro",
+        rungs=(Rung("m1", 32, 1, 1, 4.0, 8, 3e-3), Rung("m2", 32, 2, 1, 4.0, 8, 3e-3),
+               Rung("m3", 64, 1, 2, 2.0, 8, 3e-3)),
+        budget_fractions=(0.5, 1.0), seq_len=64, eval_windows=16, checkpoint_every=20),
+    # Seven sizes spanning 50x (25k to 1.2M parameters), budgets 1/8, 1/4, 1/2, 1 of the final.
+    # Small rungs get 40 tokens per parameter (cheap) so their shortest branch still has ~60 steps;
+    # the 1.2M rung is the wall-clock target, deliberately undertrained (4 tokens per parameter:
+    # 20 would take 45 minutes here). Peak learning rates from short sweeps on this corpus (d_model 64,
+    # 725 steps: 3e-3 -> 2.03, 1e-2 -> 1.89, 2e-2 -> 1.93 nats/byte held out; d_model 96, 300
+    # steps: 2e-3 -> 2.36, 6e-3 -> 2.23), scaled about as 1/d_model above that.
+    "real": Preset(
+        name="real",
+        rungs=(Rung("L1", 32, 1, 1, 40.0, 16, 1e-2), Rung("L2", 48, 1, 1, 40.0, 16, 1e-2),
+               Rung("L3", 64, 1, 2, 40.0, 16, 1e-2), Rung("L4", 64, 2, 2, 20.0, 32, 1e-2),
+               Rung("L5", 96, 2, 3, 20.0, 32, 6e-3), Rung("L6", 96, 4, 3, 20.0, 32, 6e-3),
+               Rung("L7", 128, 6, 4, 4.0, 32, 4e-3, note="undertrained wall-clock target")),
+        budget_fractions=(0.125, 0.25, 0.5, 1.0)),
+}
+
+
+def rung_config(rung: Rung, seq_len: int) -> TransformerConfig:
+    return TransformerConfig(d_model=rung.d_model, num_layers=rung.num_layers, num_heads=rung.num_heads,
+                             d_ff=4 * rung.d_model, max_len=seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Steps of one rung: ``budgets[k]`` is ``S_k``; branch k forks the plateau at ``forks[k]``."""
+
+    n_params: int
+    tokens_per_step: int
+    warmup: int
+    budgets: tuple[int, ...]
+    forks: tuple[int, ...]
+
+    @property
+    def total_steps(self) -> int:
+        """Plateau steps plus every branch's decay: what training the rung costs."""
+        return self.forks[-1] + sum(b - f for b, f in zip(self.budgets, self.forks))
+
+
+def _n_params(rung: Rung, preset: Preset) -> int:
+    abstract = nnx.eval_shape(lambda: Transformer(rung_config(rung, preset.seq_len), rngs=nnx.Rngs(0)))
+    return count_params(abstract)
+
+
+def plan_rung(rung: Rung, preset: Preset, n_params: int) -> Plan:
+    tokens_per_step = rung.batch_size * preset.seq_len
+    final = max(1, math.ceil(rung.tokens_per_param * n_params / tokens_per_step))
+    budgets = tuple(sorted({max(2, round(f * final)) for f in preset.budget_fractions}))
+    forks = tuple(b - max(1, round(preset.decay_fraction * b)) for b in budgets)
+    warmup = max(1, min(preset.max_warmup_steps, forks[0] // 2))
+    return Plan(n_params, tokens_per_step, warmup, budgets, forks)
+
+
+def _optimizer(preset: Preset, rung: Rung, plan: Plan, budget: int | None) -> optax.GradientTransformation:
+    """AdamW under the plateau schedule (``budget=None``) or branch ``budget``'s WSD schedule.
+
+    The two agree up to the fork, and optax's state does not depend on the schedule, so a
+    plateau state continues under a branch's optimizer unchanged.
+    """
+    if budget is None:
+        lr = optax.join_schedules([optax.linear_schedule(0.0, rung.peak_lr, plan.warmup),
+                                   optax.constant_schedule(rung.peak_lr)], [plan.warmup])
+    else:
+        fork = plan.forks[plan.budgets.index(budget)]
+        lr = wsd_schedule(peak=rung.peak_lr, warmup_steps=plan.warmup, total_steps=budget,
+                          decay_fraction=(budget - fork) / budget)
+    return optax.adamw(lr, weight_decay=0.1)
+
+
+def _manager(directory: str, keep: int = 1):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def _restore_latest(manager, like):
+    import orbax.checkpoint as ocp
+
+    step = manager.latest_step()
+    if step is None:
+        return None
+    return manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like)))
+
+
+def save_params(model: nnx.Module, path: str) -> None:
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(path, nnx.state(model, nnx.Param))
+
+
+def load_model(config: TransformerConfig, path: str, *, seed: int = 0) -> Transformer:
+    """A :class:`Transformer` with the parameters saved at ``path`` by :func:`save_params`."""
+    import orbax.checkpoint as ocp
+
+    model = Transformer(config, rngs=nnx.Rngs(seed))
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
+    with ocp.StandardCheckpointer() as ckpt:
+        nnx.update(model, ckpt.restore(os.path.abspath(path), abstract))
+    return model
+
+
+class EvalText:
+    """The fixed evaluation windows: held-out split of the corpus and HellaSwag contexts."""
+
+    def __init__(self, test_tokens: np.ndarray, *, length: int, count: int):
+        hellaswag = np.frombuffer("\n".join(hellaswag_prompts()).encode("utf-8"), np.uint8)
+        self.heldout = windows(test_tokens, length=length, count=count)
+        self.hellaswag = windows(hellaswag, length=length, count=count)
+
+    def losses(self, model) -> dict[str, float]:
+        return dict(loss_heldout=text_nll(model, self.heldout), loss_hellaswag=text_nll(model, self.hellaswag))
+
+
+def _run_steps(step_fn, state, *, end, manager, tokens, seed, rung, preset, mesh, label, log):
+    """Advance ``state`` to step ``end``, checkpointing into ``manager``; prints progress."""
+    import orbax.checkpoint as ocp
+
+    start = int(state.step)
+    t0, loss = time.perf_counter(), float("nan")
+    for s in range(start, end):
+        batch = sample_batch(tokens, np.random.default_rng([seed, s]), batch_size=rung.batch_size,
+                             seq_len=preset.seq_len)
+        state, loss_arr = step_fn(state, shard_batch(batch, mesh))
+        done = s + 1
+        if done % preset.checkpoint_every == 0 or done == end:
+            loss = float(loss_arr)
+            manager.save(done, args=ocp.args.StandardSave(state), force=True)
+            rate = (done - start) / (time.perf_counter() - t0)
+            log(f"{label} step {done}/{end} loss {loss:.3f} ({rate:.1f} steps/s, "
+                f"{(end - done) / rate:.0f} s left in this phase)")
+    return state
+
+
+def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalText, out: str, log: Log) -> list[dict]:
+    """Train one rung (plateau + decay branches), resuming from whatever ``out`` holds."""
+    config = rung_config(rung, preset.seq_len)
+    model = Transformer(config, rngs=nnx.Rngs(preset.seed))
+    plan = plan_rung(rung, preset, count_params(model))
+    rung_dir = os.path.join(out, rung.name)
+    results = []
+    pending = [b for b in plan.budgets if not os.path.exists(os.path.join(rung_dir, f"budget_{b}", "result.json"))]
+    log(f"{rung.name}: N = {plan.n_params:,} parameters, budgets {list(plan.budgets)} steps of "
+        f"{plan.tokens_per_step} tokens, {plan.total_steps} steps in all; {len(pending)} to train")
+    mesh = data_mesh()
+    seed = preset.seed * 1000 + preset.rungs.index(rung)  # each rung its own batch stream
+    if pending:
+        plateau_opt = _optimizer(preset, rung, plan, None)
+        graphdef, state = init_train_state(model, plateau_opt, mesh)
+        plateau = _manager(os.path.join(rung_dir, "plateau"))
+        state = _restore_latest(plateau, state) or state
+        plateau_step = make_train_step(graphdef, plateau_opt)
+    for budget, fork in zip(plan.budgets, plan.forks):
+        budget_dir = os.path.join(rung_dir, f"budget_{budget}")
+        result_path = os.path.join(budget_dir, "result.json")
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                results.append(json.load(f))
+            continue
+        if int(state.step) > fork:
+            raise RuntimeError(f"{rung_dir}/plateau is past step {fork} but budget {budget} is unfinished; "
+                               f"delete {rung_dir} to retrain this rung")
+        t0 = time.perf_counter()
+        state = _run_steps(plateau_step, state, end=fork, manager=plateau, tokens=tokens, seed=seed, rung=rung,
+                           preset=preset, mesh=mesh, label=f"{rung.name} plateau", log=log)
+        branch_opt = _optimizer(preset, rung, plan, budget)
+        branch = _manager(os.path.join(budget_dir, "train"))
+        branch_state = _restore_latest(branch, state) or state
+        branch_state = _run_steps(make_train_step(graphdef, branch_opt), branch_state, end=budget, manager=branch,
+                                  tokens=tokens, seed=seed, rung=rung, preset=preset, mesh=mesh,
+                                  label=f"{rung.name} decay to {budget}", log=log)
+        trained = nnx.merge(graphdef, branch_state.params)
+        save_params(trained, os.path.join(budget_dir, "params"))
+        result = dict(rung=rung.name, name=f"{rung.name}@{budget}", budget_steps=budget, fork_step=fork,
+                      n_params=plan.n_params, n_tokens=budget * plan.tokens_per_step,
+                      tokens_per_param=budget * plan.tokens_per_step / plan.n_params,
+                      train_seconds_since_resume=round(time.perf_counter() - t0, 2), **evaluation.losses(trained))
+        write_json(result_path, result)
+        branch.close()
+        shutil.rmtree(os.path.join(budget_dir, "train"))  # optimizer state no longer needed
+        log(f"{result['name']}: D = {result['n_tokens']:,} tokens ({result['tokens_per_param']:.1f}/param), "
+            f"held-out loss {result['loss_heldout']:.4f}, HellaSwag {result['loss_hellaswag']:.4f} nats/byte")
+        results.append(result)
+    if pending:
+        plateau.close()
+        shutil.rmtree(os.path.join(rung_dir, "plateau"))
+    return results
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.ladder", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="micro", help="ladder to train (micro)")
+    p.add_argument("--out", default=None, help="output folder (out/ladder/<preset>)")
+    p.add_argument("--rungs", default=None, help="comma-separated rung names to train (all)")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    preset = PRESETS[args.preset]
+    out = args.out or os.path.join("out", "ladder", preset.name)
+    log = Log(args.quiet)
+    names = [r.name for r in preset.rungs]
+    chosen = names if args.rungs is None else args.rungs.split(",")
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        print(f"error: --rungs: unknown rung(s) {unknown}; preset '{preset.name}' has {names}", file=sys.stderr)
+        return 2
+    corpus = load_corpus()
+    evaluation = EvalText(corpus.test, length=preset.seq_len, count=preset.eval_windows)
+    log(f"corpus: {len(corpus.train):,} training bytes, {len(corpus.test):,} held out; "
+        f"{len(jax.devices())} device(s)")
+    for rung in preset.rungs:
+        if rung.name in chosen:
+            train_rung(rung, preset, corpus.train, evaluation, out, log)
+    models = []  # every finished (size, budget) in --out, trained by this call or an earlier one
+    for rung in preset.rungs:
+        for budget in plan_rung(rung, preset, _n_params(rung, preset)).budgets:
+            path = os.path.join(out, rung.name, f"budget_{budget}", "result.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    result = json.load(f)
+                models.append(dict(result, config=dataclasses.asdict(rung_config(rung, preset.seq_len)),
+                                   params_path=os.path.join(rung.name, f"budget_{budget}", "params"),
+                                   peak_lr=rung.peak_lr, batch_size=rung.batch_size, note=rung.note))
+    registry = dict(
+        preset=dataclasses.asdict(preset), models=models, command="python -m " + " ".join(["experiments.ladder"] + (
+            sys.argv[1:] if argv is None else list(argv))),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions(),
+        devices=[str(d) for d in jax.devices()],
+        corpus=dict(sources=corpus.sources, train_bytes=len(corpus.train), test_bytes=len(corpus.test),
+                    holdout=f"every {HOLDOUT_EVERY}th block of {BLOCK} bytes per source"))
+    write_json(os.path.join(out, "ladder.json"), registry)
+    log(f"wrote {os.path.join(out, 'ladder.json')} ({len(models)} models)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""Measure speculative decoding between the ladder's models; write the datasets the fitters read.
+
+    python -m experiments.measure --preset micro                 # after `experiments.ladder --preset micro`
+    python -m experiments.measure --preset real --out fits/ladder  # the committed measurements
+
+For every (draft, target) pair with the draft smaller (targets: each rung's longest budget; drafts:
+every budget of every smaller rung):
+
+* alpha exactly, 1 - E[TV(p, q)] at temperature 1 along held-out corpus text and along HellaSwag
+  contexts [Leviathan et al. 2023, Cor. 3.6], and the greedy agreement rate;
+* perplexities of both models on both texts (from the ladder's evaluation, same windows).
+
+For every pair of longest-budget models, speculative sampling (temperature 1) at each ``--gammas``
+on ``--prompts`` HellaSwag prompts (the last ``--prompt-len`` bytes of each context,
+``--new-tokens`` generated): accepted counts per iteration, their histogram, the alpha MLE
+``sum K / (sum K + #rejections)`` (DESIGN.md), mean accepted length tau, calls; tokens per FLOP
+achieved under the SDSL cost model (2N per draft token, 2M per verification pass) and under XLA's
+own cost analysis of the compiled calls; and wall-clock tokens per second against the target
+alone: medians over ``--repeats`` repeats, methods interleaved in a rotating order within each
+repeat (timings here vary 20-30% from run to run).
+
+Writes in ``--out``: ``pretraining.csv`` / ``acceptance.csv`` (schemas ``sdsl-pretraining v1`` /
+``sdsl-acceptance v1``, held-out text: the models' own distribution, as the paper's targets'
+pre-training data is theirs), ``pretraining_hellaswag.csv`` / ``acceptance_hellaswag.csv`` (the
+same on HellaSwag, the paper's measurement text, out of distribution for models trained on
+Shakespeare and the King James Bible), ``pairs.csv`` (every exact measurement), ``speculative.csv``
+(every speculative run and timing) and ``measure.json`` (settings, seeds, versions, command).
+Resumable: finished speculative configurations are kept in ``<out>/stages/speculative.jsonl`` and
+skipped when the command is run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.corpus import hellaswag_prompts, load_corpus
+from experiments.ladder import PRESETS, EvalText, load_model
+from experiments.runlog import Log, sha256, versions, write_json
+from sdsl_jax import acceptance_from_counts, throughput
+from sdsl_jax.acceptance import acceptance_from_distributions
+from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, save_acceptance, save_pretraining
+from sdsl_jax.decoding import autoregressive_generate, speculative_generate
+from sdsl_jax.model import TransformerConfig, init_cache
+
+TEXTS = ("heldout", "hellaswag")
+# Per preset: what fits its models' context (prompt + new tokens + gamma + 1 <= seq_len) and its time.
+SPECULATIVE_DEFAULTS = {
+    "real": dict(gammas="1,2,4,6", prompts=32, prompt_len=48, new_tokens=64, timing_prompts=4, repeats=7),
+    "micro": dict(gammas="1,3", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
+}
+
+
+def load_ladder(directory: str) -> tuple[dict, dict]:
+    """The ladder registry and its models ``{name: (record, Transformer)}``."""
+    path = os.path.join(directory, "ladder.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: train the ladder first (python -m experiments.ladder)")
+    with open(path) as f:
+        registry = json.load(f)
+    models = {}
+    for record in registry["models"]:
+        config = TransformerConfig(**record["config"])
+        models[record["name"]] = (record, load_model(config, os.path.join(directory, record["params_path"])))
+    return registry, models
+
+
+def longest_budgets(records: list[dict]) -> list[dict]:
+    """One record per rung: its longest-budget model, ordered by size."""
+    best = {}
+    for r in records:
+        if r["rung"] not in best or r["n_tokens"] > best[r["rung"]]["n_tokens"]:
+            best[r["rung"]] = r
+    return sorted(best.values(), key=lambda r: r["n_params"])
+
+
+def _next_token_probs(model, batch: np.ndarray, chunk: int = 32) -> np.ndarray:
+    """Softmax of the model's next-token logits at every position, float32 ``(windows, T, vocab)``."""
+    forward = jax.jit(lambda b: jax.nn.softmax(model(b)[0], axis=-1))
+    return np.concatenate([np.asarray(forward(jnp.asarray(batch[i:i + chunk, :-1])))
+                           for i in range(0, len(batch), chunk)])
+
+
+def exact_pairs(models: dict, evaluation: EvalText, log: Log) -> list[dict]:
+    """alpha = 1 - E[TV] (temperature 1) and greedy agreement for every pair with a smaller draft."""
+    records = [rec for rec, _ in models.values()]
+    targets = longest_budgets(records)
+    probs = {}
+    for text in TEXTS:
+        batch = getattr(evaluation, text)
+        for name, (_, model) in models.items():
+            probs[text, name] = _next_token_probs(model, batch)
+    tv = jax.jit(lambda p, q: acceptance_from_distributions(p, q).mean())
+    rows = []
+    for target in targets:
+        for draft in sorted(records, key=lambda r: (r["n_params"], r["n_tokens"])):
+            if draft["n_params"] >= target["n_params"]:
+                continue
+            row = dict(draft=draft["name"], target=target["name"], n_draft=draft["n_params"],
+                       n_target=target["n_params"], d_draft=draft["n_tokens"], d_target=target["n_tokens"])
+            for text in TEXTS:
+                p, q = probs[text, target["name"]], probs[text, draft["name"]]
+                row[f"ppl_draft_{text}"] = float(np.exp(draft[f"loss_{text}"]))
+                row[f"ppl_target_{text}"] = float(np.exp(target[f"loss_{text}"]))
+                row[f"alpha_{text}"] = float(tv(jnp.asarray(p), jnp.asarray(q)))
+                row[f"alpha_greedy_{text}"] = float(np.mean(p.argmax(-1) == q.argmax(-1)))
+            rows.append(row)
+        log(f"exact alpha for target {target['name']}: {sum(r['target'] == target['name'] for r in rows)} drafts")
+    return rows
+
+
+_FLOPS_CACHE: dict = {}
+
+
+def xla_flops(model, num_tokens: int) -> float:
+    """FLOPs XLA's cost analysis assigns one cached forward call on ``num_tokens`` tokens."""
+    key = (id(model), num_tokens)
+    if key not in _FLOPS_CACHE:
+        _FLOPS_CACHE[key] = _xla_flops(model, num_tokens)
+    return _FLOPS_CACHE[key]
+
+
+def _xla_flops(model, num_tokens: int) -> float:
+    cache = init_cache(model.config)
+    tokens = jnp.zeros((1, num_tokens), jnp.int32)
+    compiled = jax.jit(lambda t, c: model(t, c, 0)).lower(tokens, cache).compile()
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+        analysis = analysis[0]
+    return float(analysis["flops"])
+
+
+def prompts_for(count: int, length: int) -> np.ndarray:
+    """The last ``length`` bytes of the first ``count`` HellaSwag contexts with at least that many."""
+    out = []
+    for text in hellaswag_prompts():
+        data = text.encode("utf-8")
+        if len(data) >= length:
+            out.append(np.frombuffer(data[-length:], np.uint8))
+        if len(out) == count:
+            return np.stack(out).astype(np.int32)
+    raise ValueError(f"fewer than {count} HellaSwag prompts of {length} bytes")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t0
+
+
+def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dict]:
+    """Speculative sampling statistics, FLOPs and interleaved wall-clock for longest-budget pairs."""
+    done = {}
+    if os.path.exists(stages_path):
+        with open(stages_path) as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    done[row["target"], row["draft"], row["gamma"]] = row
+    rung_models = longest_budgets([rec for rec, _ in models.values()])
+    prompts = prompts_for(args.prompts, args.prompt_len)
+    timing_prompts = prompts[: args.timing_prompts]
+    key = jax.random.key(args.seed)
+    rows = []
+    for t_index, target_rec in enumerate(rung_models[1:], start=1):
+        target = models[target_rec["name"]][1]
+        m = target_rec["n_params"]
+        flops_t1 = xla_flops(target, 1)
+        configs = []
+        for draft_rec in rung_models[:t_index]:
+            for gamma in args.gammas:
+                configs.append((draft_rec, gamma))
+        todo = [(d, g) for d, g in configs if (target_rec["name"], d["name"], g) not in done]
+        if not todo:
+            rows.extend(done[target_rec["name"], d["name"], g] for d, g in configs)
+            continue
+        log(f"target {target_rec['name']} (M = {m:,}): {len(todo)} speculative configurations")
+
+        def run_target(p, k):
+            return autoregressive_generate(target, p, k, num_new_tokens=args.new_tokens, temperature=1.0)
+
+        run_target(timing_prompts[0], key)  # compile
+        new_rows = []
+        for draft_rec, gamma in todo:
+            draft = models[draft_rec["name"]][1]
+            n = draft_rec["n_params"]
+
+            def run(p, k, draft=draft, gamma=gamma):
+                return speculative_generate(draft, target, p, k, num_new_tokens=args.new_tokens, gamma=gamma,
+                                            temperature=1.0)
+
+            accepted, iterations, tokens = [], 0, 0
+            for i, p in enumerate(prompts):
+                _, stats = run(p, jax.random.fold_in(key, i))
+                k = np.asarray(stats.accepted)[: int(stats.num_iterations)]
+                accepted.append(k)
+                iterations += int(stats.num_iterations)
+                tokens += int(np.sum(k + 1))
+            k_all = np.concatenate(accepted)
+            rejected = int(np.sum(k_all < gamma))
+            alpha_mle = float(acceptance_from_counts(k_all, gamma))
+            flops_spec_xla = iterations * (xla_flops(draft, 2) + (gamma - 1) * xla_flops(draft, 1)
+                                           + xla_flops(target, gamma + 1))
+            flops_spec_sdsl = iterations * (2 * n * gamma + 2 * m)
+            new_rows.append(dict(
+                target=target_rec["name"], draft=draft_rec["name"], n_target=m, n_draft=n,
+                d_target=target_rec["n_tokens"], d_draft=draft_rec["n_tokens"], gamma=gamma,
+                prompts=len(prompts), new_tokens=tokens, iterations=iterations, accepted=int(k_all.sum()),
+                rejections=rejected, alpha_mle=alpha_mle, accepted_over_drafted=float(k_all.sum() / (gamma * iterations)),
+                tau=float(tokens / iterations),
+                histogram=";".join(str(int(c)) for c in np.bincount(k_all, minlength=gamma + 1)),
+                draft_calls=iterations * gamma, target_calls=iterations,
+                tokens_per_flop_sdsl=tokens / flops_spec_sdsl,
+                predicted_tokens_per_flop_sdsl=float(throughput(alpha_mle, gamma, n, m)),
+                target_alone_tokens_per_flop_sdsl=1 / (2 * m),
+                tokens_per_flop_xla=tokens / flops_spec_xla, target_alone_tokens_per_flop_xla=1 / flops_t1,
+                run=run))
+            log(f"  {draft_rec['name']} -> {target_rec['name']} gamma {gamma}: alpha MLE {alpha_mle:.3f}, "
+                f"tau {tokens / iterations:.2f}, tokens/FLOP x{2 * m * tokens / flops_spec_sdsl:.2f} of the "
+                f"target alone (SDSL cost), x{flops_t1 * tokens / flops_spec_xla:.2f} (XLA FLOPs)")
+        # Wall-clock: every method on the same prompts and keys; rotating order inside each repeat.
+        methods = [("target alone", run_target)] + [(row["draft"], row["run"]) for row in new_rows]
+        times = {i: [] for i in range(len(methods))}
+        for r in range(args.repeats):
+            order = np.roll(np.arange(len(methods)), r)
+            for i in order:
+                fn = methods[i][1]
+                times[i].append(sum(_timed(lambda p=p, j=j: fn(p, jax.random.fold_in(key, 10_000 + j)))
+                                    for j, p in enumerate(timing_prompts)))
+        tokens_timed = len(timing_prompts) * args.new_tokens
+        base = float(np.median(times[0]))
+        for i, row in enumerate(new_rows, start=1):
+            row.pop("run")
+            med = float(np.median(times[i]))
+            row.update(seconds_median=med, seconds_iqr=float(np.subtract(*np.percentile(times[i], [75, 25]))),
+                       tokens_per_second=tokens_timed / med, target_alone_tokens_per_second=tokens_timed / base,
+                       wallclock_speedup=base / med, repeats=args.repeats)
+            with open(stages_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            done[target_rec["name"], row["draft"], row["gamma"]] = row
+        best = max(new_rows, key=lambda r: r["wallclock_speedup"])
+        log(f"  wall-clock: target alone {tokens_timed / base:.0f} tokens/s; best {best['draft']} gamma "
+            f"{best['gamma']}: x{best['wallclock_speedup']:.2f}")
+        rows.extend(done[target_rec["name"], d["name"], g] for d, g in configs)
+    return rows
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def datasets(registry: dict, pairs: list[dict], text: str, source: str) -> tuple[PretrainingRuns, AcceptanceMeasurements]:
+    """The fitters' tables for one evaluation text."""
+    models = registry["models"]
+    runs = PretrainingRuns(
+        n_params=np.array([m["n_params"] for m in models], float), n_tokens=np.array([m["n_tokens"] for m in models], float),
+        loss=np.array([m[f"loss_{text}"] for m in models]), name=tuple(m["name"] for m in models),
+        flops=np.array([6.0 * m["n_params"] * m["n_tokens"] for m in models]), source=(source,) * len(models))
+    col = lambda key: np.array([p[key] for p in pairs], float)  # noqa: E731
+    nan = np.full(len(pairs), np.nan)
+    acceptance = AcceptanceMeasurements(
+        draft=tuple(p["draft"] for p in pairs), target=tuple(p["target"] for p in pairs),
+        n_draft=col("n_draft"), n_target=col("n_target"), d_draft=col("d_draft"), d_target=col("d_target"),
+        ppl_draft=col(f"ppl_draft_{text}"), ppl_target=col(f"ppl_target_{text}"), alpha=col(f"alpha_{text}"),
+        gamma=nan, n_iterations=nan, accepted=nan, weight=nan, temperature=np.ones(len(pairs)),
+        source=(f"{source}: exact 1 - E[TV], {text}",) * len(pairs))
+    return runs, acceptance
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.measure", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="micro", help="ladder preset (micro)")
+    p.add_argument("--ladder", default=None, help="the ladder's folder (out/ladder/<preset>)")
+    p.add_argument("--out", default=None, help="output folder (out/ladder/<preset>/measure)")
+    p.add_argument("--gammas", default=None, help="lookaheads for speculative runs (real: 1,2,4,6; micro: 1,3)")
+    p.add_argument("--prompts", type=int, default=None, help="HellaSwag prompts per speculative configuration "
+                   "(real: 32; micro: 4)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt length in bytes (real: 48; micro: 16)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per prompt (real: 64; micro: 24)")
+    p.add_argument("--timing-prompts", type=int, default=None, help="prompts per wall-clock repeat (real: 4; micro: 2)")
+    p.add_argument("--repeats", type=int, default=None, help="wall-clock repeats (real: 7; micro: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling keys (0)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    for name, value in SPECULATIVE_DEFAULTS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    try:
+        args.gammas = tuple(int(g) for g in args.gammas.split(","))
+    except ValueError:
+        p.error(f"--gammas: expected comma-separated integers, got '{args.gammas}'")
+    if min(args.gammas) < 1:
+        p.error("--gammas: every lookahead must be >= 1")
+    for name in ("prompts", "prompt_len", "new_tokens", "timing_prompts", "repeats"):
+        if getattr(args, name) < 1 or (name == "prompt_len" and args.prompt_len < 2):
+            p.error(f"--{name.replace('_', '-')}: must be a positive integer (prompt-len >= 2)")
+    if args.timing_prompts > args.prompts:
+        p.error("--timing-prompts cannot exceed --prompts")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    preset = PRESETS[args.preset]
+    ladder_dir = args.ladder or os.path.join("out", "ladder", preset.name)
+    out = args.out or os.path.join(ladder_dir, "measure")
+    log = Log(args.quiet)
+    need = args.prompt_len + args.new_tokens + max(args.gammas) + 1
+    if need > preset.seq_len:
+        print(f"error: prompt-len + new-tokens + max gamma + 1 = {need} exceeds the models' context "
+              f"{preset.seq_len}", file=sys.stderr)
+        return 2
+    try:
+        registry, models = load_ladder(ladder_dir)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.join(out, "stages"), exist_ok=True)
+    log(f"{len(models)} models from {ladder_dir}")
+    corpus = load_corpus()
+    evaluation = EvalText(corpus.test, length=preset.seq_len, count=preset.eval_windows)
+    pairs = exact_pairs(models, evaluation, log)
+    if not pairs:
+        print("error: the ladder has no pair with a smaller draft", file=sys.stderr)
+        return 2
+    _write_csv(os.path.join(out, "pairs.csv"), pairs)
+    source = f"sdsl-jax ladder '{preset.name}'"
+    for text, suffix in (("heldout", ""), ("hellaswag", "_hellaswag")):
+        runs, acceptance = datasets(registry, pairs, text, source)
+        save_pretraining(runs, os.path.join(out, f"pretraining{suffix}.csv"))
+        save_acceptance(acceptance, os.path.join(out, f"acceptance{suffix}.csv"))
+    log(f"wrote pretraining / acceptance CSVs ({len(registry['models'])} runs, {len(pairs)} pairs) to {out}")
+    spec = speculative_runs(models, args, log, os.path.join(out, "stages", "speculative.jsonl"))
+    _write_csv(os.path.join(out, "speculative.csv"), spec)
+    write_json(os.path.join(out, "measure.json"), dict(
+        command="python -m experiments.measure " + " ".join(argv),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        settings={k: v for k, v in vars(args).items()}, ladder=dict(
+            folder=ladder_dir, registry_sha256=sha256(os.path.join(ladder_dir, "ladder.json")),
+            command=registry["command"], preset=registry["preset"], corpus=registry["corpus"],
+            models=[{k: v for k, v in m.items() if k != "params_path"} for m in registry["models"]]),
+        versions=versions(), devices=[str(d) for d in jax.devices()],
+        speculative_runs=len(spec), pairs=len(pairs)))
+    log(f"wrote {out}/speculative.csv ({len(spec)} runs) and measure.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
