@@ -2,12 +2,14 @@
 # make test:    install if needed, then run the test suite (slow tests excluded).
 # make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
 # make bench:   install if needed, then run the benchmarks and print the ratios.
+# make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
+#               (about 45 minutes on 2 CPU cores; resumable: rerun after an interruption).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all fit bench clean
+.PHONY: install test test-all fit bench ladder clean
 
 install: $(STAMP)
 
@@ -30,6 +32,11 @@ fit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+
+ladder: $(STAMP)
+	$(PY) -m experiments.ladder --preset real
+	$(PY) -m experiments.measure --preset real --out fits/ladder
+	$(PY) -m experiments.closure --data fits/ladder --posterior
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

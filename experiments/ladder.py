@@ -121,6 +121,12 @@ class Plan:
         return self.forks[-1] + sum(b - f for b, f in zip(self.budgets, self.forks))
 
 
+def rung_seed(rung: Rung, preset: Preset) -> int:
+    """Seed of a rung's initialisation and batch stream: the same as ``experiments.train.train(seed=...)``,
+    so a budget's model can be checked against a standalone WSD run of that length."""
+    return preset.seed * 1000 + preset.rungs.index(rung)
+
+
 def _n_params(rung: Rung, preset: Preset) -> int:
     abstract = nnx.eval_shape(lambda: Transformer(rung_config(rung, preset.seq_len), rngs=nnx.Rngs(0)))
     return count_params(abstract)
@@ -223,7 +229,8 @@ def _run_steps(step_fn, state, *, end, manager, tokens, seed, rung, preset, mesh
 def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalText, out: str, log: Log) -> list[dict]:
     """Train one rung (plateau + decay branches), resuming from whatever ``out`` holds."""
     config = rung_config(rung, preset.seq_len)
-    model = Transformer(config, rngs=nnx.Rngs(preset.seed))
+    seed = rung_seed(rung, preset)
+    model = Transformer(config, rngs=nnx.Rngs(seed))
     plan = plan_rung(rung, preset, count_params(model))
     rung_dir = os.path.join(out, rung.name)
     results = []
@@ -231,7 +238,6 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
     log(f"{rung.name}: N = {plan.n_params:,} parameters, budgets {list(plan.budgets)} steps of "
         f"{plan.tokens_per_step} tokens, {plan.total_steps} steps in all; {len(pending)} to train")
     mesh = data_mesh()
-    seed = preset.seed * 1000 + preset.rungs.index(rung)  # each rung its own batch stream
     if pending:
         plateau_opt = _optimizer(preset, rung, plan, None)
         graphdef, state = init_train_state(model, plateau_opt, mesh)

@@ -46,10 +46,10 @@ import numpy as np
 from experiments.corpus import hellaswag_prompts, load_corpus
 from experiments.ladder import PRESETS, EvalText, load_model
 from experiments.runlog import Log, sha256, versions, write_json
-from sdsl_jax import acceptance_from_counts, throughput
+from sdsl_jax import throughput
 from sdsl_jax.acceptance import acceptance_from_distributions
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, save_acceptance, save_pretraining
-from sdsl_jax.decoding import autoregressive_generate, speculative_generate
+from sdsl_jax.decoding import autoregressive_generate, speculative_generate, summarize_runs
 from sdsl_jax.model import TransformerConfig, init_cache
 
 TEXTS = ("heldout", "hellaswag")
@@ -198,27 +198,19 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
                 return speculative_generate(draft, target, p, k, num_new_tokens=args.new_tokens, gamma=gamma,
                                             temperature=1.0)
 
-            accepted, iterations, tokens = [], 0, 0
-            for i, p in enumerate(prompts):
-                _, stats = run(p, jax.random.fold_in(key, i))
-                k = np.asarray(stats.accepted)[: int(stats.num_iterations)]
-                accepted.append(k)
-                iterations += int(stats.num_iterations)
-                tokens += int(np.sum(k + 1))
-            k_all = np.concatenate(accepted)
-            rejected = int(np.sum(k_all < gamma))
-            alpha_mle = float(acceptance_from_counts(k_all, gamma))
+            runs = [run(p, jax.random.fold_in(key, i))[1] for i, p in enumerate(prompts)]
+            summary = summarize_runs(runs, gamma=gamma, n_draft=n, m_target=m)
+            iterations, tokens, alpha_mle = summary.iterations, summary.new_tokens, summary.alpha_mle
             flops_spec_xla = iterations * (xla_flops(draft, 2) + (gamma - 1) * xla_flops(draft, 1)
                                            + xla_flops(target, gamma + 1))
-            flops_spec_sdsl = iterations * (2 * n * gamma + 2 * m)
+            flops_spec_sdsl = summary.flops_sdsl
             new_rows.append(dict(
                 target=target_rec["name"], draft=draft_rec["name"], n_target=m, n_draft=n,
                 d_target=target_rec["n_tokens"], d_draft=draft_rec["n_tokens"], gamma=gamma,
-                prompts=len(prompts), new_tokens=tokens, iterations=iterations, accepted=int(k_all.sum()),
-                rejections=rejected, alpha_mle=alpha_mle, accepted_over_drafted=float(k_all.sum() / (gamma * iterations)),
-                tau=float(tokens / iterations),
-                histogram=";".join(str(int(c)) for c in np.bincount(k_all, minlength=gamma + 1)),
-                draft_calls=iterations * gamma, target_calls=iterations,
+                prompts=len(prompts), new_tokens=tokens, iterations=iterations, accepted=summary.accepted,
+                alpha_mle=alpha_mle, accepted_over_drafted=summary.accepted_over_drafted, tau=summary.tau,
+                histogram=";".join(str(int(c)) for c in summary.histogram),
+                draft_calls=summary.draft_calls, target_calls=summary.target_calls,
                 tokens_per_flop_sdsl=tokens / flops_spec_sdsl,
                 predicted_tokens_per_flop_sdsl=float(throughput(alpha_mle, gamma, n, m)),
                 target_alone_tokens_per_flop_sdsl=1 / (2 * m),

@@ -24,11 +24,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sdsl_jax.model import Transformer, init_cache
 
-__all__ = ["SpeculativeStats", "speculative_generate", "autoregressive_generate"]
+__all__ = ["SpeculativeStats", "RunSummary", "summarize_runs", "speculative_generate", "autoregressive_generate"]
 
 
 class SpeculativeStats(NamedTuple):
@@ -45,6 +46,55 @@ class SpeculativeStats(NamedTuple):
     num_iterations: jax.Array
     draft_calls: jax.Array
     target_calls: jax.Array
+
+
+class RunSummary(NamedTuple):
+    """What serving users ask of speculative runs (vLLM / SGLang report the same quantities).
+
+    Attributes:
+      iterations: draft-then-verify iterations (= target calls after the prefill).
+      histogram: ``histogram[k]`` iterations accepted exactly k draft tokens, ``k = 0 .. gamma``.
+      accepted: accepted draft tokens in total.
+      new_tokens: tokens produced (accepted + one bonus/residual token per iteration).
+      tau: mean tokens per iteration, ``new_tokens / iterations``.
+      alpha_mle: ``accepted / (accepted + iterations with a rejection)`` (DESIGN.md); NOT
+        ``accepted / drafted``, which underestimates alpha.
+      accepted_over_drafted: ``accepted / (gamma * iterations)``, for comparison with other tools.
+      draft_calls, target_calls: forward calls after the prefill.
+      flops_sdsl: ``iterations * (2 N gamma + 2 M)``, the SDSL cost model's FLOPs.
+    """
+
+    iterations: int
+    histogram: np.ndarray
+    accepted: int
+    new_tokens: int
+    tau: float
+    alpha_mle: float
+    accepted_over_drafted: float
+    draft_calls: int
+    target_calls: int
+    flops_sdsl: float
+
+
+def summarize_runs(stats: SpeculativeStats | list[SpeculativeStats], *, gamma: int, n_draft: float,
+                   m_target: float) -> RunSummary:
+    """Pool the :class:`SpeculativeStats` of one or more runs at lookahead ``gamma`` into a :class:`RunSummary`."""
+    stats = [stats] if isinstance(stats, SpeculativeStats) else list(stats)
+    counts = np.concatenate([np.asarray(s.accepted)[: int(s.num_iterations)] for s in stats])
+    if counts.size and (counts.min() < 0 or counts.max() > gamma):
+        raise ValueError(f"accepted counts outside 0..{gamma}: were these runs made with gamma={gamma}?")
+    iterations = int(counts.size)
+    histogram = np.bincount(counts, minlength=gamma + 1)
+    accepted = int(counts.sum())
+    rejections = int(histogram[:gamma].sum())
+    return RunSummary(
+        iterations=iterations, histogram=histogram, accepted=accepted, new_tokens=accepted + iterations,
+        tau=(accepted + iterations) / iterations if iterations else float("nan"),
+        alpha_mle=accepted / (accepted + rejections) if accepted + rejections else float("nan"),
+        accepted_over_drafted=accepted / (gamma * iterations) if iterations else float("nan"),
+        draft_calls=int(sum(int(s.draft_calls) for s in stats)),
+        target_calls=int(sum(int(s.target_calls) for s in stats)),
+        flops_sdsl=float(iterations * (2.0 * n_draft * gamma + 2.0 * m_target)))
 
 
 def _probs(logits: jax.Array, temperature: float) -> jax.Array:

@@ -22,3 +22,15 @@ def maybe_jit(request):
     if request.param == "eager":
         return lambda f, **kw: f
     return lambda f, **kw: jax.jit(f, **kw)
+
+
+@pytest.fixture(scope="session")
+def micro_ladder(tmp_path_factory):
+    """The micro ladder trained and measured once per session: ``(ladder_dir, measure_dir)``."""
+    from experiments import ladder, measure
+
+    root = tmp_path_factory.mktemp("micro_ladder")
+    ladder_dir, measure_dir = root / "ladder", root / "measure"
+    assert ladder.main(["--preset", "micro", "--out", str(ladder_dir), "--quiet"]) == 0
+    assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(measure_dir), "--quiet"]) == 0
+    return ladder_dir, measure_dir

@@ -108,3 +108,23 @@ def test_bad_arguments():
         speculative_generate(draft, target, jnp.array([1, 2]), jax.random.PRNGKey(0), num_new_tokens=20, gamma=3)
     with pytest.raises(ValueError, match="at least 2 tokens"):
         speculative_generate(draft, target, jnp.array([1]), jax.random.PRNGKey(0), num_new_tokens=2, gamma=3)
+
+
+def test_run_summary_pools_runs_and_estimates_alpha_by_mle():
+    from sdsl_jax import acceptance_from_counts
+    from sdsl_jax.decoding import summarize_runs
+
+    draft, target = models()
+    gamma = 4
+    runs = [speculative_generate(draft, target, jnp.asarray([1, 2, 3], jnp.int32), jax.random.PRNGKey(i),
+                                 num_new_tokens=30, gamma=gamma)[1] for i in range(3)]
+    s = summarize_runs(runs, gamma=gamma, n_draft=10.0, m_target=100.0)
+    counts = np.concatenate([np.asarray(r.accepted)[: int(r.num_iterations)] for r in runs])
+    assert s.iterations == counts.size == s.target_calls and s.draft_calls == gamma * s.iterations
+    assert s.histogram.tolist() == [int(np.sum(counts == k)) for k in range(gamma + 1)]
+    assert s.new_tokens == counts.sum() + counts.size >= 3 * 30
+    assert s.alpha_mle == pytest.approx(float(acceptance_from_counts(counts, gamma)))
+    assert s.accepted_over_drafted <= s.alpha_mle  # the naive ratio underestimates alpha
+    assert s.flops_sdsl == s.iterations * (2 * 10.0 * gamma + 2 * 100.0)
+    with pytest.raises(ValueError, match="gamma=2"):
+        summarize_runs(runs, gamma=2, n_draft=10.0, m_target=100.0)

@@ -1,0 +1,205 @@
+"""The experiments pipeline on the micro ladder: train (ladder), measure, close the loop.
+
+The micro ladder (3 sizes x 2 budgets, seconds) is trained and measured once per session by the
+``micro_ladder`` fixture; these tests check what its outputs must satisfy against independent
+recomputations: budgets against standalone WSD runs, exact alpha against
+``measure_core.exact_acceptance``, run statistics against their histograms.
+"""
+
+import csv
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import closure, ladder, measure
+from experiments.corpus import load_corpus
+from experiments.measure_core import exact_acceptance
+from experiments.train import train
+from sdsl_jax.data import load_acceptance, load_pretraining
+from sdsl_jax.model import TransformerConfig
+
+PRESET = ladder.PRESETS["micro"]
+
+
+def _registry(ladder_dir):
+    return json.loads((ladder_dir / "ladder.json").read_text())
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_ladder_trains_every_size_at_every_budget(micro_ladder):
+    ladder_dir, _ = micro_ladder
+    reg = _registry(ladder_dir)
+    assert len(reg["models"]) == len(PRESET.rungs) * len(PRESET.budget_fractions)
+    assert reg["versions"]["flax"] and reg["command"].startswith("python -m experiments.ladder")
+    for rung in PRESET.rungs:
+        runs = sorted((m for m in reg["models"] if m["rung"] == rung.name), key=lambda m: m["n_tokens"])
+        plan = ladder.plan_rung(rung, PRESET, runs[0]["n_params"])
+        assert [m["budget_steps"] for m in runs] == list(plan.budgets)
+        assert [m["n_tokens"] for m in runs] == [b * rung.batch_size * PRESET.seq_len for b in plan.budgets]
+        # More tokens, lower held-out loss: training on real text helps at these budgets.
+        assert runs[-1]["loss_heldout"] < runs[0]["loss_heldout"]
+        assert all(np.isfinite(m["loss_hellaswag"]) for m in runs)
+
+
+def test_a_budget_is_the_standalone_wsd_run_of_that_length(micro_ladder):
+    """Branch k forks the plateau and decays: it must equal a WSD run of S_k steps from scratch."""
+    ladder_dir, _ = micro_ladder
+    rung = PRESET.rungs[0]
+    config = ladder.rung_config(rung, PRESET.seq_len)
+    plan = ladder.plan_rung(rung, PRESET, ladder._n_params(rung, PRESET))
+    budget, fork = plan.budgets[0], plan.forks[0]
+    branch = ladder.load_model(config, str(ladder_dir / rung.name / f"budget_{budget}" / "params"))
+    standalone, _ = train(config, load_corpus().train, steps=budget, batch_size=rung.batch_size,
+                          seq_len=PRESET.seq_len, peak_lr=rung.peak_lr, seed=ladder.rung_seed(rung, PRESET),
+                          checkpoint_dir=str(ladder_dir.parent / "standalone"), checkpoint_every=10**6,
+                          warmup_steps=plan.warmup, decay_fraction=(budget - fork) / budget)
+    from flax import nnx
+
+    for a, b in zip(jax.tree.leaves(nnx.state(branch, nnx.Param)), jax.tree.leaves(nnx.state(standalone, nnx.Param))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
+    """Interrupt training mid-plateau; the rerun resumes from the checkpoint and ends where an
+    uninterrupted run ends (same losses), and a finished ladder is not retrained."""
+    args = ["--preset", "micro", "--rungs", "m1", "--quiet"]
+    assert ladder.main(args + ["--out", str(tmp_path / "clean")]) == 0
+    calls = {"n": 0}
+    original = ladder.shard_batch
+
+    def flaky(batch, mesh):
+        calls["n"] += 1
+        if calls["n"] == 30:  # past the first checkpoint (every 20 steps), before the end
+            raise KeyboardInterrupt
+        return original(batch, mesh)
+
+    monkeypatch.setattr(ladder, "shard_batch", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        ladder.main(args + ["--out", str(tmp_path / "killed")])
+    monkeypatch.setattr(ladder, "shard_batch", original)
+    steps = {"n": 0}
+
+    def counting(batch, mesh):
+        steps["n"] += 1
+        return original(batch, mesh)
+
+    monkeypatch.setattr(ladder, "shard_batch", counting)
+    assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
+    plan = ladder.plan_rung(PRESET.rungs[0], PRESET, ladder._n_params(PRESET.rungs[0], PRESET))
+    assert steps["n"] <= plan.total_steps - 20  # resumed, not restarted
+    clean, killed = _registry(tmp_path / "clean"), _registry(tmp_path / "killed")
+    for a, b in zip(clean["models"], killed["models"]):
+        assert a["name"] == b["name"]
+        assert a["loss_heldout"] == pytest.approx(b["loss_heldout"], rel=1e-5)
+    steps["n"] = 0
+    assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
+    assert steps["n"] == 0  # everything finished: nothing retrained
+
+
+def test_ladder_rejects_unknown_rungs(tmp_path, capsys):
+    assert ladder.main(["--preset", "micro", "--rungs", "m1,zz", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "zz" in capsys.readouterr().err
+
+
+def test_measure_writes_datasets_in_the_fitting_schemas(micro_ladder):
+    ladder_dir, measure_dir = micro_ladder
+    reg = _registry(ladder_dir)
+    for suffix in ("", "_hellaswag"):
+        runs = load_pretraining(measure_dir / f"pretraining{suffix}.csv")
+        pairs = load_acceptance(measure_dir / f"acceptance{suffix}.csv")
+        assert len(runs) == len(reg["models"])
+        assert np.all(pairs.n_draft < pairs.n_target)
+        # targets: each larger rung's longest budget; drafts: every budget of every smaller rung.
+        assert len(pairs) == 2 * (1 + 2)
+        assert np.all((pairs.alpha > 0) & (pairs.alpha < 1))
+    meta = json.loads((measure_dir / "measure.json").read_text())
+    assert meta["ladder"]["registry_sha256"] and meta["versions"]["jax"] and meta["settings"]["seed"] == 0
+
+
+def test_exact_alpha_matches_an_independent_recomputation(micro_ladder):
+    ladder_dir, measure_dir = micro_ladder
+    reg = _registry(ladder_dir)
+    pair = _rows(measure_dir / "pairs.csv")[-1]
+    models = {}
+    for name in (pair["draft"], pair["target"]):
+        rec = next(m for m in reg["models"] if m["name"] == name)
+        models[name] = ladder.load_model(TransformerConfig(**rec["config"]), str(ladder_dir / rec["params_path"]))
+    evaluation = ladder.EvalText(load_corpus().test, length=PRESET.seq_len, count=PRESET.eval_windows)
+    expected = exact_acceptance(models[pair["draft"]], models[pair["target"]], evaluation.heldout)
+    assert float(pair["alpha_heldout"]) == pytest.approx(expected, rel=1e-5)
+    greedy = exact_acceptance(models[pair["draft"]], models[pair["target"]], evaluation.hellaswag, temperature=0)
+    assert float(pair["alpha_greedy_hellaswag"]) == pytest.approx(greedy, rel=1e-6)
+
+
+def test_speculative_statistics_are_consistent(micro_ladder):
+    _, measure_dir = micro_ladder
+    rows = _rows(measure_dir / "speculative.csv")
+    gammas = [int(g) for g in measure.SPECULATIVE_DEFAULTS["micro"]["gammas"].split(",")]
+    assert len(rows) == 3 * len(gammas)  # longest-budget pairs x lookaheads
+    for r in rows:
+        gamma, iters = int(r["gamma"]), int(r["iterations"])
+        hist = np.array([int(c) for c in r["histogram"].split(";")])
+        k = np.arange(gamma + 1)
+        assert len(hist) == gamma + 1 and hist.sum() == iters
+        assert int(r["accepted"]) == int((k * hist).sum())
+        assert int(r["new_tokens"]) == int(((k + 1) * hist).sum())
+        assert int(r["new_tokens"]) >= int(r["prompts"]) * measure.SPECULATIVE_DEFAULTS["micro"]["new_tokens"]
+        rejections = int(hist[:gamma].sum())
+        assert float(r["alpha_mle"]) == pytest.approx(int(r["accepted"]) / (int(r["accepted"]) + rejections))
+        n, m = float(r["n_draft"]), float(r["n_target"])
+        assert float(r["tokens_per_flop_sdsl"]) == pytest.approx(int(r["new_tokens"]) / (iters * (2 * n * gamma + 2 * m)))
+        # XLA counts the real work: the target verifies gamma + 1 positions, so it is below the SDSL model's.
+        assert 0 < float(r["tokens_per_flop_xla"]) < float(r["tokens_per_flop_sdsl"])
+        assert float(r["tokens_per_second"]) > 0 and float(r["target_alone_tokens_per_second"]) > 0
+        assert int(r["repeats"]) == measure.SPECULATIVE_DEFAULTS["micro"]["repeats"]
+
+
+def test_measure_resumes_without_rerunning_speculative_configurations(micro_ladder, tmp_path, monkeypatch):
+    ladder_dir, measure_dir = micro_ladder
+    import shutil
+
+    out = tmp_path / "measure"
+    shutil.copytree(measure_dir / "stages", out / "stages")
+
+    def forbidden(*a, **k):
+        raise AssertionError("a finished configuration was run again")
+
+    monkeypatch.setattr(measure, "speculative_generate", forbidden)
+    assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(out), "--quiet"]) == 0
+    assert _rows(out / "speculative.csv") == _rows(measure_dir / "speculative.csv")
+
+
+def test_measure_reports_a_missing_ladder(tmp_path, capsys):
+    assert measure.main(["--preset", "micro", "--ladder", str(tmp_path / "nope"), "--quiet"]) == 2
+    assert "experiments.ladder" in capsys.readouterr().err
+
+
+def test_measure_rejects_prompts_longer_than_the_context(micro_ladder, capsys):
+    ladder_dir, _ = micro_ladder
+    assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--new-tokens", "60", "--quiet"]) == 2
+    assert "context" in capsys.readouterr().err
+
+
+def test_closure_compares_predicted_and_measured_best_drafts(micro_ladder, tmp_path):
+    _, measure_dir = micro_ladder
+    assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet"]) == 0
+    result = json.loads((tmp_path / "closure.json").read_text())
+    assert len(result["targets"]) == 2
+    for rec in result["targets"]:
+        assert rec["measured_best"] in rec["drafts"] and rec["fastest_wallclock"] in rec["drafts"]
+        assert rec["predicted_best"] in rec["drafts"]
+        measured = np.array(rec["measured_tokens_per_flop"])
+        assert measured[rec["drafts"].index(rec["measured_best"])] == measured.max()
+    assert (tmp_path / "closure.png").stat().st_size > 0
+    assert "| target" in (tmp_path / "closure.md").read_text()
+
+
+def test_closure_reports_missing_data(tmp_path, capsys):
+    assert closure.main(["--data", str(tmp_path), "--quiet"]) == 2
+    assert "pretraining" in capsys.readouterr().err
