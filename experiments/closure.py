@@ -71,9 +71,21 @@ def _draws(samples: dict, names, count: int, seed: int) -> dict:
     return {k: np.asarray(samples[k])[idx] for k in names}
 
 
+def measured_perplexities(pairs) -> dict[str, float]:
+    """Each model's measured perplexity from an acceptance table (as draft or as target)."""
+    out = dict(zip(pairs.draft, map(float, pairs.ppl_draft)))
+    out.update(zip(pairs.target, map(float, pairs.ppl_target)))
+    return out
+
+
 def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *, laws: LossLaw | None = None,
-               planes: AcceptancePlane | None = None) -> list[dict]:
-    """One record per target: predicted vs measured best draft, N*, alpha and T*."""
+               planes: AcceptancePlane | None = None, perplexities: dict[str, float] | None = None) -> list[dict]:
+    """One record per target: predicted vs measured best draft, N*, alpha and T*.
+
+    With ``perplexities`` (model name -> measured perplexity) also the plane-only prediction: T*
+    from the plane at the measured perplexities, bypassing L(N, D), which tells which link of the
+    chain (loss law or plane) a miss comes from.
+    """
     out = []
     for target in sorted({r["target"] for r in speculative}, key=lambda t: next(
             r["n_target"] for r in speculative if r["target"] == t)):
@@ -86,6 +98,10 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
         measured_alpha = np.array([np.mean([r["alpha_mle"] for r in rows if r["draft"] == dr]) for dr in drafts])
         t_pred, a_pred = (np.asarray(v) for v in predicted_optimal_throughput(law, plane, n, d, m, d_prime))
         best_measured = int(np.argmax(measured_t))
+        if perplexities is not None:
+            alpha_plane = np.asarray(acceptance_rate(np.array([perplexities[dr] for dr in drafts]),
+                                                     perplexities[target], plane))
+            t_plane = np.asarray(optimal_throughput(alpha_plane, n, m))
         fastest = max(rows, key=lambda r: r["wallclock_speedup"])
         d_ref = float(np.exp(np.mean(np.log(d))))
         sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
@@ -102,10 +118,14 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
             n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput), gamma_star=float(sol.gamma_star),
             target_alone_tokens_per_flop=1 / (2 * m),
         )
-        grid = np.geomspace(n.min() / 4, m, 60)
-        rec["curve_n"] = grid.tolist()
-        rec["curve_tokens_per_flop"] = np.asarray(
-            predicted_optimal_throughput(law, plane, grid, d_ref, m, d_prime)[0]).tolist()
+        if perplexities is not None:
+            rec["plane_only_tokens_per_flop"] = t_plane.tolist()
+            rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
+        rec["curve_n"] = []  # filled below, once N* and its band are known
+        pred_idx = int(np.nanargmax(t_pred)) if np.isfinite(t_pred).any() else None
+        # What following the law costs: measured T of the predicted-best draft over the best measured T.
+        rec["measured_fraction_of_best"] = (float(measured_t[pred_idx] / measured_t.max())
+                                            if pred_idx is not None else float("nan"))
         if laws is not None:
             t_draws, _ = predicted_optimal_throughput(
                 jax.tree.map(lambda v: v[:, None], laws), jax.tree.map(lambda v: v[:, None], planes), n, d, m, d_prime)
@@ -118,6 +138,11 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
                                                quantiles=(0.05, 0.5, 0.95))
             rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
             rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
+        low = min([n.min() / 4] + [v / 2 for v in [rec["n_star"], *rec.get("n_star_band", [])[:1]] if np.isfinite(v)])
+        grid = np.geomspace(low, m, 80)
+        rec["curve_n"] = grid.tolist()
+        rec["curve_tokens_per_flop"] = np.asarray(
+            predicted_optimal_throughput(law, plane, grid, d_ref, m, d_prime)[0]).tolist()
         out.append(rec)
     return out
 
@@ -129,10 +154,11 @@ def _fmt(n: float) -> str:
 
 
 def markdown_table(records: list[dict]) -> str:
-    lines = ["| target (M, D'/M) | predicted best draft | P(best): predicted / measured best | N* [90%] | measured best (gamma) | "
+    lines = ["| target (M, D'/M) | predicted best draft (plane only) | P(best): predicted / measured best | N* at D_ref [90%] | "
+             "measured best (gamma) | measured T of predicted best / of measured best | "
              "fastest wall-clock (gamma, speedup) | alpha pred / MLE at measured best | T* pred / measured at "
              "measured best (x target alone) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         i = r["drafts"].index(r["measured_best"])
         p_best = "-"
@@ -142,8 +168,10 @@ def markdown_table(records: list[dict]) -> str:
         n_star = _fmt(r["n_star"]) if np.isfinite(r["n_star"]) else f"none (status {r['n_star_status']})"
         base = r["target_alone_tokens_per_flop"]
         lines.append(
-            f"| {r['target']} ({_fmt(r['m_target'])}, {r['d_target'] / r['m_target']:.0f}) | {r['predicted_best']} | "
+            f"| {r['target']} ({_fmt(r['m_target'])}, {r['d_target'] / r['m_target']:.0f}) | {r['predicted_best']}"
+            + (f" ({r['plane_only_best']})" if "plane_only_best" in r else "") + " | "
             f"{p_best} | {n_star} {band} | {r['measured_best']} ({r['measured_best_gamma']}) | "
+            f"{r['measured_fraction_of_best']:.3f} | "
             f"{r['fastest_wallclock']} ({r['fastest_wallclock_gamma']}, x{r['fastest_wallclock_speedup']:.2f}) | "
             f"{r['predicted_alpha'][i]:.3f} / {r['measured_alpha_mle'][i]:.3f} | "
             f"x{r['predicted_tokens_per_flop'][i] / base:.2f} / x{r['measured_tokens_per_flop'][i] / base:.2f} |")
@@ -164,6 +192,9 @@ def figure(records: list[dict], path: str) -> None:
         n = np.array(r["n_drafts"])
         ax.plot(n, np.array(r["measured_tokens_per_flop"]) / base, "o-", label="measured (best gamma)")
         ax.plot(n, np.array(r["predicted_tokens_per_flop"]) / base, "s--", label="predicted T* (own D)")
+        if "plane_only_tokens_per_flop" in r:
+            ax.plot(n, np.array(r["plane_only_tokens_per_flop"]) / base, "^:", color="C3",
+                    label="plane at measured ppl")
         ax.plot(r["curve_n"], np.array(r["curve_tokens_per_flop"]) / base, color="C2", lw=0.8,
                 label="law at D = D_ref")
         if "predicted_tokens_per_flop_band" in r:
@@ -245,7 +276,7 @@ def main(argv=None) -> int:
         planes = bayes.planes_from_posterior(_draws(plane_run.samples, ("A", "B", "C"), args.propagate, args.seed + 1))
         log(f"posteriors: loss law R-hat {law_run.diagnostics.max_rhat:.3f}, plane R-hat "
             f"{plane_run.diagnostics.max_rhat:.3f}")
-    records = close_loop(speculative, law, plane, laws=laws, planes=planes)
+    records = close_loop(speculative, law, plane, laws=laws, planes=planes, perplexities=measured_perplexities(pairs))
     table = markdown_table(records)
     print(table)
     with open(os.path.join(out, "closure.md.tmp"), "w") as f:

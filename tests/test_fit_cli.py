@@ -104,3 +104,16 @@ def test_resume_reuses_finished_stages_only_when_inputs_match(tmp_path, capsys):
     assert again["posterior"]["loss_law"] == first["posterior"]["loss_law"]
     assert fit_cli.main(base + ["--resume", "--seed", "1"]) == 0  # another seed: the posterior is redone
     assert "loss-law draws reused" not in capsys.readouterr().out
+
+
+def test_ladder_dataset_fits_the_committed_ladder(tmp_path):
+    """`--dataset ladder` reads fits/ladder/ (our trained models) and uses the ladder's scale."""
+    out = tmp_path / "out"
+    code = fit_cli.main(["--dataset", "ladder", "--starts", "20", "--num-targets", "5", "--out", str(out),
+                         "--quiet", "--no-figures"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["plane"]["source"].startswith("fitted")
+    assert [t["m_target"] for t in summary["targets"]] == list(fit_cli.DATASETS["ladder"]["targets"])
+    assert summary["data"]["pretraining"]["path"].endswith(os.path.join("fits", "ladder", "pretraining.csv"))
+    assert summary["data"]["acceptance"]["pairs"] > 20
