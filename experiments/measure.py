@@ -114,7 +114,9 @@ def exact_pairs(models: dict, evaluation: EvalText, log: Log) -> list[dict]:
                 row[f"alpha_{text}"] = float(tv(jnp.asarray(p), jnp.asarray(q)))
                 row[f"alpha_greedy_{text}"] = float(np.mean(p.argmax(-1) == q.argmax(-1)))
             rows.append(row)
-        log(f"exact alpha for target {target['name']}: {sum(r['target'] == target['name'] for r in rows)} drafts")
+        count = sum(r["target"] == target["name"] for r in rows)
+        if count:
+            log(f"exact alpha for target {target['name']}: {count} drafts")
     return rows
 
 
