@@ -41,8 +41,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.runlog import Log, sha256, versions, write_json  # noqa: E402
-from sdsl_jax import (AcceptancePlane, LossLaw, acceptance_rate, optimal_throughput, perplexity,  # noqa: E402
-                      solve_draft_size)
+from sdsl_jax import (AcceptancePlane, LossLaw, acceptance_rate, draft_acceptance, draft_throughput,  # noqa: E402
+                      optimal_throughput, solve_draft_size)
 from sdsl_jax import bayes  # noqa: E402
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
 from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law  # noqa: E402
@@ -57,12 +57,6 @@ def read_speculative(path: str) -> list[dict]:
         for key in numeric:
             row[key] = float(row[key])
     return rows
-
-
-def predicted_optimal_throughput(law: LossLaw, plane: AcceptancePlane, n, d, m, d_prime) -> jax.Array:
-    """T* = max_gamma T(gamma; N, M, alpha(exp L(N, D), exp L(M, D'))) [SDSL]; broadcasts over law/plane leaves."""
-    alpha = acceptance_rate(perplexity(n, d, law), perplexity(m, d_prime, law), plane)
-    return optimal_throughput(alpha, n, m), alpha
 
 
 def _draws(samples: dict, names, count: int, seed: int) -> dict:
@@ -87,21 +81,24 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
     chain (loss law or plane) a miss comes from.
     """
     out = []
-    for target in sorted({r["target"] for r in speculative}, key=lambda t: next(
-            r["n_target"] for r in speculative if r["target"] == t)):
+    targets = {r["target"]: r for r in speculative}  # any row of a target carries its M and D'
+    for target in sorted(targets, key=lambda t: targets[t]["n_target"]):
         rows = [r for r in speculative if r["target"] == target]
-        m, d_prime = rows[0]["n_target"], rows[0]["d_target"]
-        drafts = sorted({r["draft"] for r in rows}, key=lambda d: next(r["n_draft"] for r in rows if r["draft"] == d))
-        n = np.array([next(r["n_draft"] for r in rows if r["draft"] == d) for d in drafts])
-        d = np.array([next(r["d_draft"] for r in rows if r["draft"] == dr) for dr in drafts])
-        measured_t = np.array([max(r["tokens_per_flop_sdsl"] for r in rows if r["draft"] == dr) for dr in drafts])
-        measured_alpha = np.array([np.mean([r["alpha_mle"] for r in rows if r["draft"] == dr]) for dr in drafts])
-        t_pred, a_pred = (np.asarray(v) for v in predicted_optimal_throughput(law, plane, n, d, m, d_prime))
+        m, d_prime = targets[target]["n_target"], targets[target]["d_target"]
+        by_draft = {}
+        for r in rows:
+            by_draft.setdefault(r["draft"], []).append(r)
+        drafts = sorted(by_draft, key=lambda dr: by_draft[dr][0]["n_draft"])
+        n = np.array([by_draft[dr][0]["n_draft"] for dr in drafts])
+        d = np.array([by_draft[dr][0]["d_draft"] for dr in drafts])
+        best_runs = [max(by_draft[dr], key=lambda r: r["tokens_per_flop_sdsl"]) for dr in drafts]  # best gamma
+        measured_t = np.array([r["tokens_per_flop_sdsl"] for r in best_runs])
+        measured_alpha = np.array([np.mean([r["alpha_mle"] for r in by_draft[dr]]) for dr in drafts])
+        law_kw = dict(d_draft=d, d_target=d_prime, loss=law, plane=plane)
+        a_pred = np.asarray(draft_acceptance(n, m, **law_kw))
+        t_pred = np.asarray(draft_throughput(n, m, **law_kw))
+        pred_idx = int(np.nanargmax(t_pred)) if np.isfinite(t_pred).any() else None
         best_measured = int(np.argmax(measured_t))
-        if perplexities is not None:
-            alpha_plane = np.asarray(acceptance_rate(np.array([perplexities[dr] for dr in drafts]),
-                                                     perplexities[target], plane))
-            t_plane = np.asarray(optimal_throughput(alpha_plane, n, m))
         fastest = max(rows, key=lambda r: r["wallclock_speedup"])
         d_ref = float(np.exp(np.mean(np.log(d))))
         sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
@@ -110,26 +107,25 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
             d_drafts=d.tolist(), d_reference=d_ref,
             measured_tokens_per_flop=measured_t.tolist(), measured_alpha_mle=measured_alpha.tolist(),
             predicted_tokens_per_flop=t_pred.tolist(), predicted_alpha=a_pred.tolist(),
-            predicted_best=drafts[int(np.nanargmax(t_pred))] if np.isfinite(t_pred).any() else None,
-            measured_best=drafts[best_measured], measured_best_gamma=int(max(
-                (r for r in rows if r["draft"] == drafts[best_measured]), key=lambda r: r["tokens_per_flop_sdsl"])["gamma"]),
+            predicted_best=drafts[pred_idx] if pred_idx is not None else None,
+            measured_best=drafts[best_measured], measured_best_gamma=int(best_runs[best_measured]["gamma"]),
             fastest_wallclock=fastest["draft"], fastest_wallclock_gamma=int(fastest["gamma"]),
             fastest_wallclock_speedup=fastest["wallclock_speedup"],
-            n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput), gamma_star=float(sol.gamma_star),
-            target_alone_tokens_per_flop=1 / (2 * m),
+            n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
+            gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / (2 * m),
+            # What following the law costs: measured T of the predicted-best draft over the best measured T.
+            measured_fraction_of_best=(float(measured_t[pred_idx] / measured_t.max()) if pred_idx is not None
+                                       else float("nan")),
         )
         if perplexities is not None:
+            alpha_plane = acceptance_rate(np.array([perplexities[dr] for dr in drafts]), perplexities[target], plane)
+            t_plane = np.asarray(optimal_throughput(alpha_plane, n, m))
             rec["plane_only_tokens_per_flop"] = t_plane.tolist()
             rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
-        rec["curve_n"] = []  # filled below, once N* and its band are known
-        pred_idx = int(np.nanargmax(t_pred)) if np.isfinite(t_pred).any() else None
-        # What following the law costs: measured T of the predicted-best draft over the best measured T.
-        rec["measured_fraction_of_best"] = (float(measured_t[pred_idx] / measured_t.max())
-                                            if pred_idx is not None else float("nan"))
         if laws is not None:
-            t_draws, _ = predicted_optimal_throughput(
-                jax.tree.map(lambda v: v[:, None], laws), jax.tree.map(lambda v: v[:, None], planes), n, d, m, d_prime)
-            t_draws = np.asarray(t_draws)
+            t_draws = np.asarray(draft_throughput(n, m, d_draft=d, d_target=d_prime,
+                                                  loss=jax.tree.map(lambda v: v[:, None], laws),
+                                                  plane=jax.tree.map(lambda v: v[:, None], planes)))
             ok = np.isfinite(t_draws).all(axis=1)
             best = np.argmax(np.where(np.isfinite(t_draws), t_draws, -np.inf), axis=1)
             rec["p_best"] = [float(np.mean(best[ok] == i)) if ok.any() else float("nan") for i in range(len(drafts))]
@@ -138,11 +134,12 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
                                                quantiles=(0.05, 0.5, 0.95))
             rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
             rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
+        # The law's curve at D_ref, reaching down past N* and its band for the figure.
         low = min([n.min() / 4] + [v / 2 for v in [rec["n_star"], *rec.get("n_star_band", [])[:1]] if np.isfinite(v)])
         grid = np.geomspace(low, m, 80)
         rec["curve_n"] = grid.tolist()
         rec["curve_tokens_per_flop"] = np.asarray(
-            predicted_optimal_throughput(law, plane, grid, d_ref, m, d_prime)[0]).tolist()
+            draft_throughput(grid, m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)).tolist()
         out.append(rec)
     return out
 

@@ -43,8 +43,8 @@ from flax import nnx
 from experiments.corpus import BLOCK, HOLDOUT_EVERY, hellaswag_prompts, load_corpus
 from experiments.measure_core import text_nll, windows
 from experiments.runlog import Log, versions, write_json
-from experiments.train import (data_mesh, init_train_state, make_train_step, sample_batch, shard_batch,
-                               wsd_schedule)
+from experiments.train import (checkpoint_manager, data_mesh, init_train_state, make_train_step, restore_latest,
+                               run_steps, wsd_schedule)
 from sdsl_jax.model import Transformer, TransformerConfig, count_params
 
 
@@ -157,22 +157,6 @@ def _optimizer(preset: Preset, rung: Rung, plan: Plan, budget: int | None) -> op
     return optax.adamw(lr, weight_decay=0.1)
 
 
-def _manager(directory: str, keep: int = 1):
-    import orbax.checkpoint as ocp
-
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
-
-
-def _restore_latest(manager, like):
-    import orbax.checkpoint as ocp
-
-    step = manager.latest_step()
-    if step is None:
-        return None
-    return manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like)))
-
-
 def save_params(model: nnx.Module, path: str) -> None:
     import orbax.checkpoint as ocp
 
@@ -206,26 +190,6 @@ class EvalText:
         return dict(loss_heldout=text_nll(model, self.heldout), loss_hellaswag=text_nll(model, self.hellaswag))
 
 
-def _run_steps(step_fn, state, *, end, manager, tokens, seed, rung, preset, mesh, label, log):
-    """Advance ``state`` to step ``end``, checkpointing into ``manager``; prints progress."""
-    import orbax.checkpoint as ocp
-
-    start = int(state.step)
-    t0, loss = time.perf_counter(), float("nan")
-    for s in range(start, end):
-        batch = sample_batch(tokens, np.random.default_rng([seed, s]), batch_size=rung.batch_size,
-                             seq_len=preset.seq_len)
-        state, loss_arr = step_fn(state, shard_batch(batch, mesh))
-        done = s + 1
-        if done % preset.checkpoint_every == 0 or done == end:
-            loss = float(loss_arr)
-            manager.save(done, args=ocp.args.StandardSave(state), force=True)
-            rate = (done - start) / (time.perf_counter() - t0)
-            log(f"{label} step {done}/{end} loss {loss:.3f} ({rate:.1f} steps/s, "
-                f"{(end - done) / rate:.0f} s left in this phase)")
-    return state
-
-
 def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalText, out: str, log: Log) -> list[dict]:
     """Train one rung (plateau + decay branches), resuming from whatever ``out`` holds."""
     config = rung_config(rung, preset.seq_len)
@@ -241,8 +205,8 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
     if pending:
         plateau_opt = _optimizer(preset, rung, plan, None)
         graphdef, state = init_train_state(model, plateau_opt, mesh)
-        plateau = _manager(os.path.join(rung_dir, "plateau"))
-        state = _restore_latest(plateau, state) or state
+        plateau = checkpoint_manager(os.path.join(rung_dir, "plateau"), keep=1)
+        state = restore_latest(plateau, state) or state
         plateau_step = make_train_step(graphdef, plateau_opt)
     for budget, fork in zip(plan.budgets, plan.forks):
         budget_dir = os.path.join(rung_dir, f"budget_{budget}")
@@ -255,14 +219,14 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
             raise RuntimeError(f"{rung_dir}/plateau is past step {fork} but budget {budget} is unfinished; "
                                f"delete {rung_dir} to retrain this rung")
         t0 = time.perf_counter()
-        state = _run_steps(plateau_step, state, end=fork, manager=plateau, tokens=tokens, seed=seed, rung=rung,
-                           preset=preset, mesh=mesh, label=f"{rung.name} plateau", log=log)
+        steps = dict(tokens=tokens, seed=seed, batch_size=rung.batch_size, seq_len=preset.seq_len, mesh=mesh,
+                     checkpoint_every=preset.checkpoint_every, progress=log)
+        state, _ = run_steps(plateau_step, state, end=fork, manager=plateau, label=f"{rung.name} plateau ", **steps)
         branch_opt = _optimizer(preset, rung, plan, budget)
-        branch = _manager(os.path.join(budget_dir, "train"))
-        branch_state = _restore_latest(branch, state) or state
-        branch_state = _run_steps(make_train_step(graphdef, branch_opt), branch_state, end=budget, manager=branch,
-                                  tokens=tokens, seed=seed, rung=rung, preset=preset, mesh=mesh,
-                                  label=f"{rung.name} decay to {budget}", log=log)
+        branch = checkpoint_manager(os.path.join(budget_dir, "train"), keep=1)
+        branch_state = restore_latest(branch, state) or state
+        branch_state, _ = run_steps(make_train_step(graphdef, branch_opt), branch_state, end=budget, manager=branch,
+                                    label=f"{rung.name} decay to {budget}: ", **steps)
         trained = nnx.merge(graphdef, branch_state.params)
         save_params(trained, os.path.join(budget_dir, "params"))
         result = dict(rung=rung.name, name=f"{rung.name}@{budget}", budget_steps=budget, fork_step=fork,

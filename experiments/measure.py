@@ -191,7 +191,7 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
             return autoregressive_generate(target, p, k, num_new_tokens=args.new_tokens, temperature=1.0)
 
         run_target(timing_prompts[0], key)  # compile
-        new_rows = []
+        new_rows, runners = [], []
         for draft_rec, gamma in todo:
             draft = models[draft_rec["name"]][1]
             n = draft_rec["n_params"]
@@ -216,24 +216,23 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
                 tokens_per_flop_sdsl=tokens / flops_spec_sdsl,
                 predicted_tokens_per_flop_sdsl=float(throughput(alpha_mle, gamma, n, m)),
                 target_alone_tokens_per_flop_sdsl=1 / (2 * m),
-                tokens_per_flop_xla=tokens / flops_spec_xla, target_alone_tokens_per_flop_xla=1 / flops_t1,
-                run=run))
+                tokens_per_flop_xla=tokens / flops_spec_xla, target_alone_tokens_per_flop_xla=1 / flops_t1))
+            runners.append(run)
             log(f"  {draft_rec['name']} -> {target_rec['name']} gamma {gamma}: alpha MLE {alpha_mle:.3f}, "
                 f"tau {tokens / iterations:.2f}, tokens/FLOP x{2 * m * tokens / flops_spec_sdsl:.2f} of the "
                 f"target alone (SDSL cost), x{flops_t1 * tokens / flops_spec_xla:.2f} (XLA FLOPs)")
         # Wall-clock: every method on the same prompts and keys; rotating order inside each repeat.
-        methods = [("target alone", run_target)] + [(row["draft"], row["run"]) for row in new_rows]
+        methods = [run_target] + runners  # index 0: the target alone
         times = {i: [] for i in range(len(methods))}
         for r in range(args.repeats):
             order = np.roll(np.arange(len(methods)), r)
             for i in order:
-                fn = methods[i][1]
+                fn = methods[i]
                 times[i].append(sum(_timed(lambda p=p, j=j: fn(p, jax.random.fold_in(key, 10_000 + j)))
                                     for j, p in enumerate(timing_prompts)))
         tokens_timed = len(timing_prompts) * args.new_tokens
         base = float(np.median(times[0]))
         for i, row in enumerate(new_rows, start=1):
-            row.pop("run")
             med = float(np.median(times[i]))
             row.update(seconds_median=med, seconds_iqr=float(np.subtract(*np.percentile(times[i], [75, 25]))),
                        tokens_per_second=tokens_timed / med, target_alone_tokens_per_second=tokens_timed / base,

@@ -11,14 +11,15 @@ then a linear decay to zero over the last ``decay_fraction`` of the run. A decay
 the plateau at step s gives a model trained on s tokens-budget at the cost of the short decay
 only, which is how one run yields several token budgets D for the loss law L(N, D).
 
-:func:`train` adds orbax checkpoints and exact resumption (batches are a function of the seed and
-the step). Groundwork for the experiments issue: the ladder driver (presets, decay branches,
-progress over many sizes) builds on these functions.
+:func:`run_steps` adds orbax checkpoints and exact resumption (batches are a function of the seed
+and the step); :func:`train` is one WSD run built on it, ``experiments.ladder`` the plateau and
+decay branches.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import NamedTuple
 
 import jax
@@ -99,11 +100,50 @@ def sample_batch(tokens: np.ndarray, rng: np.random.Generator, *, batch_size: in
     return np.stack([tokens[s : s + seq_len + 1] for s in starts])
 
 
-def _checkpoint_manager(directory: str, keep: int):
+def checkpoint_manager(directory: str, keep: int = 2):
+    """An orbax manager keeping the ``keep`` latest checkpoints in ``directory`` (synchronous saves)."""
     import orbax.checkpoint as ocp
 
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+
+def restore_latest(manager, like):
+    """The latest checkpoint of ``manager`` restored with the structure of ``like``; None when there is none."""
+    import orbax.checkpoint as ocp
+
+    step = manager.latest_step()
+    if step is None:
+        return None
+    return manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like)))
+
+
+def run_steps(step_fn, state: TrainState, tokens: np.ndarray, *, end: int, seed: int, batch_size: int, seq_len: int,
+              mesh, manager, checkpoint_every: int, progress=None, label: str = ""):
+    """Advance ``state`` to step ``end``, saving into ``manager`` every ``checkpoint_every`` steps and at ``end``.
+
+    The batch of step ``s`` is drawn from ``np.random.default_rng([seed, s])``, so a run resumed
+    from a checkpoint sees exactly the batches an uninterrupted one would.
+
+    Returns:
+      ``(state, losses)``: the new state and the loss of every step run here.
+    """
+    import orbax.checkpoint as ocp
+
+    start, t0 = int(state.step), time.perf_counter()
+    losses = []  # device scalars, read once at the end: no host sync on every step
+    for s in range(start, end):
+        batch = sample_batch(tokens, np.random.default_rng([seed, s]), batch_size=batch_size, seq_len=seq_len)
+        state, loss = step_fn(state, shard_batch(batch, mesh))
+        losses.append(loss)
+        done = s + 1
+        if done % checkpoint_every == 0 or done == end:
+            manager.save(done, args=ocp.args.StandardSave(state), force=True)
+            if progress:
+                rate = (done - start) / (time.perf_counter() - t0)
+                progress(f"{label}step {done}/{end} loss {float(loss):.4f} ({rate:.1f} steps/s, "
+                         f"{(end - done) / rate:.0f} s left)")
+    return state, [float(v) for v in losses]
 
 
 def train(
@@ -133,32 +173,21 @@ def train(
     Returns:
       ``(model, losses)``: the trained model and the losses of the steps run in this call.
     """
-    import orbax.checkpoint as ocp
-
     mesh = data_mesh(devices)
     warmup = warmup_steps if warmup_steps is not None else max(1, steps // 20)
     optimizer = optax.adamw(wsd_schedule(peak=peak_lr, warmup_steps=warmup, total_steps=steps,
                                          decay_fraction=decay_fraction), weight_decay=0.1)
     graphdef, state = init_train_state(Transformer(config, rngs=nnx.Rngs(seed)), optimizer, mesh)
-    manager = _checkpoint_manager(checkpoint_dir, keep=2)
-    latest = manager.latest_step()
-    if latest is not None:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+    manager = checkpoint_manager(checkpoint_dir, keep=2)
+    restored = restore_latest(manager, state)
+    if restored is not None:
+        state = restored
         if progress:
-            progress(f"resumed from the checkpoint at step {latest}")
-    step_fn = make_train_step(graphdef, optimizer)
-    losses = []
+            progress(f"resumed from the checkpoint at step {int(state.step)}")
     end = steps if stop_after is None else min(steps, stop_after)
-    for s in range(int(state.step), end):
-        batch = sample_batch(tokens, np.random.default_rng([seed, s]), batch_size=batch_size, seq_len=seq_len)
-        state, loss = step_fn(state, shard_batch(batch, mesh))
-        losses.append(float(loss))
-        done = s + 1
-        if done % checkpoint_every == 0 or done == end:
-            manager.save(done, args=ocp.args.StandardSave(state))
-        if progress and (done % max(1, checkpoint_every) == 0 or done == end):
-            progress(f"step {done}/{steps} loss {float(loss):.4f}")
+    state, losses = run_steps(make_train_step(graphdef, optimizer), state, tokens, end=end, seed=seed,
+                              batch_size=batch_size, seq_len=seq_len, mesh=mesh, manager=manager,
+                              checkpoint_every=checkpoint_every, progress=progress)
     manager.wait_until_finished()
     manager.close()
     return nnx.merge(graphdef, state.params), losses

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from experiments import closure, ladder, measure
+from experiments import train as train_module
 from experiments.corpus import load_corpus
 from experiments.measure_core import exact_acceptance
 from experiments.train import train
@@ -71,7 +72,7 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
     args = ["--preset", "micro", "--rungs", "m1", "--quiet"]
     assert ladder.main(args + ["--out", str(tmp_path / "clean")]) == 0
     calls = {"n": 0}
-    original = ladder.shard_batch
+    original = train_module.shard_batch
 
     def flaky(batch, mesh):
         calls["n"] += 1
@@ -79,17 +80,17 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return original(batch, mesh)
 
-    monkeypatch.setattr(ladder, "shard_batch", flaky)
+    monkeypatch.setattr(train_module, "shard_batch", flaky)
     with pytest.raises(KeyboardInterrupt):
         ladder.main(args + ["--out", str(tmp_path / "killed")])
-    monkeypatch.setattr(ladder, "shard_batch", original)
+    monkeypatch.setattr(train_module, "shard_batch", original)
     steps = {"n": 0}
 
     def counting(batch, mesh):
         steps["n"] += 1
         return original(batch, mesh)
 
-    monkeypatch.setattr(ladder, "shard_batch", counting)
+    monkeypatch.setattr(train_module, "shard_batch", counting)
     assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
     plan = ladder.plan_rung(PRESET.rungs[0], PRESET, ladder._n_params(PRESET.rungs[0], PRESET))
     assert steps["n"] <= plan.total_steps - 20  # resumed, not restarted
