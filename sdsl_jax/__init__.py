@@ -1,32 +1,78 @@
 """sdsl-jax: Speculative Decoding Scaling Laws (SDSL, arXiv 2603.11053) in differentiable JAX.
 
-The public API is re-exported here; the implementation lives in the submodules. The NumPyro
-models (``sdsl_jax.bayes``) and the Flax model and decoding engine (``sdsl_jax.model``,
+The chain the paper is about, each link one module with one protocol:
+
+    loss law L(N, D)        sdsl_jax.loss_laws   (families: chinchilla, kaplan, broken, data)
+    -> acceptance alpha     sdsl_jax.acceptance  (plane on perplexities, plane on losses)
+    -> cost of an iteration sdsl_jax.costs       (SDSL FLOPs, all-positions FLOPs, latencies)
+    -> gamma*, T*           sdsl_jax.speculative, sdsl_jax.costs.best_lookahead
+    -> N*                   sdsl_jax.optimum     (for any draft recipe, sdsl_jax.recipes)
+
+composed by :mod:`sdsl_jax.objective` and solved by :func:`solve_draft_size`; fitted and sampled
+by :mod:`sdsl_jax.fitting` and :mod:`sdsl_jax.bayes`, and run end to end by
+:mod:`sdsl_jax.pipeline`. The public API is re-exported here; the NumPyro models
+(``sdsl_jax.bayes``), the pipeline and the Flax model and decoding engine (``sdsl_jax.model``,
 ``sdsl_jax.decoding``) are imported on demand, as submodules, to keep this import light.
 """
 
 from sdsl_jax.acceptance import (
+    ACCEPTANCE_MODELS,
+    LOG_PLANE,
+    PLANE,
     SDSL2026,
+    AcceptanceModel,
     AcceptancePlane,
+    LogPerplexityPlane,
     acceptance_from_counts,
     acceptance_from_distributions,
+    acceptance_model_of,
     acceptance_rate,
 )
+from sdsl_jax.costs import (
+    COST_MODELS,
+    SDSL_FLOPS,
+    AllPositionsFlops,
+    LatencyCost,
+    SDSLFlops,
+    best_lookahead,
+    iteration_cost_under,
+    target_alone_throughput,
+    throughput_under,
+)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, save_acceptance, save_pretraining
-from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit_multistart
+from sdsl_jax.fitting import fit_acceptance_plane, fit_loss_law, fit_multistart
 from sdsl_jax.lambertw import lambertw, lambertw_m1_log
+from sdsl_jax.loss_laws import (
+    BESIROGLU2024,
+    BROKEN_POWER_LAW,
+    CHINCHILLA,
+    DATA_ONLY,
+    EPOCH_GRID,
+    FAMILIES,
+    HOFFMANN2022,
+    KAPLAN,
+    KAPLAN2020,
+    BrokenPowerLaw,
+    DataLaw,
+    KaplanLaw,
+    LossLaw,
+    LossLawFamily,
+    family_of,
+    perplexity,
+    pretraining_loss,
+)
+from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import (
     DraftSizeSolution,
     SDSL2026_LINEAR_LAW,
     LinearLaw,
     SolveStatus,
-    draft_acceptance,
-    draft_throughput,
     fit_linear_law,
     optimal_draft_size,
     solve_draft_size,
+    status_message,
 )
-from sdsl_jax.scaling import BESIROGLU2024, HOFFMANN2022, LossLaw, perplexity, pretraining_loss
+from sdsl_jax.recipes import FixedCompute, FixedTokens, TokensPerParameter
 from sdsl_jax.speculative import (
     expected_tokens,
     iteration_cost,
@@ -41,28 +87,55 @@ from sdsl_jax.speculative import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACCEPTANCE_MODELS",
+    "AcceptanceModel",
     "AcceptancePlane",
+    "AllPositionsFlops",
     "BESIROGLU2024",
+    "BROKEN_POWER_LAW",
+    "BrokenPowerLaw",
+    "CHINCHILLA",
+    "COST_MODELS",
+    "DATA_ONLY",
     "DataError",
+    "DataLaw",
     "DraftSizeSolution",
     "EPOCH_GRID",
+    "FAMILIES",
+    "FixedCompute",
+    "FixedTokens",
     "HOFFMANN2022",
+    "KAPLAN",
+    "KAPLAN2020",
+    "KaplanLaw",
+    "LOG_PLANE",
+    "LatencyCost",
     "LinearLaw",
+    "LogPerplexityPlane",
     "LossLaw",
+    "LossLawFamily",
+    "PLANE",
     "SDSL2026",
     "SDSL2026_LINEAR_LAW",
+    "SDSLFlops",
+    "SDSL_FLOPS",
     "SolveStatus",
+    "TokensPerParameter",
     "acceptance_from_counts",
     "acceptance_from_distributions",
+    "acceptance_model_of",
     "acceptance_rate",
+    "best_lookahead",
     "draft_acceptance",
     "draft_throughput",
     "expected_tokens",
+    "family_of",
     "fit_acceptance_plane",
     "fit_linear_law",
     "fit_loss_law",
     "fit_multistart",
     "iteration_cost",
+    "iteration_cost_under",
     "lambertw",
     "lambertw_m1_log",
     "load_acceptance",
@@ -78,5 +151,8 @@ __all__ = [
     "save_pretraining",
     "solve_draft_size",
     "speedup",
+    "status_message",
+    "target_alone_throughput",
     "throughput",
+    "throughput_under",
 ]

@@ -1,12 +1,17 @@
-"""Acceptance: the SDSL acceptance plane and estimators of alpha from speculative runs.
+"""Acceptance: models of alpha from the two perplexities, and estimators of alpha from runs.
 
-Acceptance plane [SDSL 2026, arXiv 2603.11053]::
+An *acceptance model* is a NamedTuple of coefficients with a ``rate(ppl_draft, ppl_target)``
+method; its :class:`AcceptanceModel` family says how to fit and sample it. Shipped models are
+linear in their coefficients over two features of the perplexities, ``alpha = A f(x) + B f(y) + C``,
+so the point fit is weighted least squares in closed form and the priors are stated once, on
+standardised features:
 
-    alpha = A x + B y + C,      x = draft perplexity, y = target perplexity
+* ``plane`` (default, :data:`SDSL2026`): the paper's plane on raw perplexities [SDSL 2026,
+  arXiv 2603.11053], ``alpha = A x + B y + C`` (x, y: draft and target perplexity on HellaSwag).
+* ``log-plane``: the plane on losses, ``alpha = A ln x + B ln y + C``.
 
-(raw perplexities measured on HellaSwag text). Only pairs with ``0 < alpha < 1`` are admissible;
-the plane itself is linear and returns whatever value it gives, the throughput model turns
-inadmissible values into NaN.
+Only pairs with ``0 < alpha < 1`` are admissible; the models return whatever value they give,
+the throughput model turns inadmissible values into NaN.
 
 Estimators. ``accepted / drafted`` is NOT alpha (with alpha = 0.7, gamma = 5 it reads about 0.39).
 With i.i.d. acceptance, the accepted count K of an iteration is a geometric variable truncated at
@@ -17,7 +22,8 @@ The exact per-token rate along a text is ``1 - E[TV(p, q)] = E[sum_x min(p(x), q
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +33,12 @@ from sdsl_jax._arrays import as_float
 
 __all__ = [
     "AcceptancePlane",
+    "LogPerplexityPlane",
+    "AcceptanceModel",
+    "PLANE",
+    "LOG_PLANE",
+    "ACCEPTANCE_MODELS",
+    "acceptance_model_of",
     "SDSL2026",
     "acceptance_rate",
     "acceptance_from_counts",
@@ -40,6 +52,59 @@ class AcceptancePlane(NamedTuple):
     A: ArrayLike
     B: ArrayLike
     C: ArrayLike
+
+    def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+        return acceptance_rate(ppl_draft, ppl_target, self)
+
+
+class LogPerplexityPlane(NamedTuple):
+    """Coefficients of ``alpha = A ln x + B ln y + C``: the plane on losses (nats per token)."""
+
+    A: ArrayLike
+    B: ArrayLike
+    C: ArrayLike
+
+    def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+        x, y, *coef = as_float(ppl_draft, ppl_target, *self)
+        ok = (x >= 1) & (y >= 1)
+        lx, ly = jnp.log(jnp.where(ok, x, 1.0)), jnp.log(jnp.where(ok, y, 1.0))
+        return jnp.where(ok, coef[0] * lx + coef[1] * ly + coef[2], jnp.nan)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AcceptanceModel:
+    """A family of acceptance models linear in their coefficients, ``alpha = A u + B v + C``.
+
+    Attributes:
+      name: the CLI name.
+      params_type: NamedTuple ``(A, B, C)`` with a ``rate(ppl_draft, ppl_target)`` method.
+      features: ``(ppl_draft, ppl_target) -> (u, v)``, the regressors.
+      description: one line for ``--help`` and summaries.
+    """
+
+    name: str
+    params_type: type
+    features: Callable[[Any, Any], tuple[Any, Any]]
+    description: str = ""
+
+    def __repr__(self) -> str:
+        return f"AcceptanceModel({self.name!r})"
+
+
+PLANE = AcceptanceModel("plane", AcceptancePlane, lambda x, y: (x, y),
+                        "alpha = A x + B y + C on raw perplexities (SDSL 2026; the paper's)")
+LOG_PLANE = AcceptanceModel("log-plane", LogPerplexityPlane, lambda x, y: (jnp.log(x), jnp.log(y)),
+                            "alpha = A ln x + B ln y + C (the plane on losses)")
+ACCEPTANCE_MODELS: dict[str, AcceptanceModel] = {m.name: m for m in (PLANE, LOG_PLANE)}
+"""The shipped acceptance models by name (the CLIs' ``--acceptance-model`` choices)."""
+
+
+def acceptance_model_of(params) -> AcceptanceModel:
+    """The shipped acceptance model whose coefficients ``params`` are."""
+    for model in ACCEPTANCE_MODELS.values():
+        if isinstance(params, model.params_type):
+            return model
+    raise TypeError(f"{type(params).__name__} is not a shipped acceptance model; pass its AcceptanceModel explicitly")
 
 
 SDSL2026 = AcceptancePlane(A=-0.0067, B=0.01297, C=0.642)

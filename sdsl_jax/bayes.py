@@ -2,10 +2,13 @@
 
 Models (one ``numpyro.sample`` per random quantity, named as in the papers):
 
-* :func:`loss_law_model` -- ``log L_i ~ Normal(LSE(a - alpha log N_i, b - beta log D_i, e), sigma)``,
-  the likelihood behind Besiroglu et al.'s (2024) fit of Hoffmann et al.'s Approach 3.
-* :func:`plane_model` -- ``alpha_i ~ Normal(A x_i + B y_i + C, sigma / sqrt(w_i))``, SDSL's plane
-  with per-row weights (iterations measured).
+* :func:`loss_law_model_for` ``(family)`` -- ``log L_i ~ StudentT(nu, log L_theta(N_i, D_i), sigma)``
+  with the family's priors on theta (:mod:`sdsl_jax.loss_laws`); for the Chinchilla family
+  (:data:`loss_law_model`) the likelihood behind Besiroglu et al.'s (2024) fit of Hoffmann et
+  al.'s Approach 3.
+* :func:`plane_model_for` ``(model)`` -- ``alpha_i ~ Normal(A u_i + B v_i + C, sigma / sqrt(w_i))`` for
+  an acceptance model's features (u, v) (:data:`plane_model`: SDSL's plane, u, v = x, y), with
+  per-row weights (iterations measured).
 
 Sampling: NUTS with several chains (vectorised on one device, one per device when there are
 enough), started from the point fit with per-chain jitter so that R-hat can see disagreement.
@@ -33,10 +36,11 @@ import numpyro.distributions as dist
 from jax.typing import ArrayLike
 from numpyro.infer import MCMC, NUTS
 
-from sdsl_jax.acceptance import AcceptancePlane
-from sdsl_jax.fitting import law_from_theta, loss_law_log_prediction, theta_from_law
+from sdsl_jax.acceptance import PLANE, AcceptanceModel
+from sdsl_jax.costs import SDSL_FLOPS
+from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily, family_of
 from sdsl_jax.optimum import LinearLaw, fit_linear_law, solve_draft_size
-from sdsl_jax.scaling import LossLaw
+from sdsl_jax.recipes import as_recipe
 
 with warnings.catch_warnings():  # ArviZ announces its refactor on import
     warnings.simplefilter("ignore", FutureWarning)
@@ -44,7 +48,9 @@ with warnings.catch_warnings():  # ArviZ announces its refactor on import
 
 __all__ = [
     "loss_law_model",
+    "loss_law_model_for",
     "plane_model",
+    "plane_model_for",
     "PosteriorRun",
     "Diagnostics",
     "sample_loss_law",
@@ -58,64 +64,81 @@ __all__ = [
     "interval_coverage",
 ]
 
-LOSS_LAW_SITES = ("a", "b", "e", "alpha", "beta", "sigma", "nu")
+LOSS_LAW_SITES = ("a", "b", "e", "alpha", "beta", "sigma", "nu")  # the Chinchilla family's
 PLANE_SITES = ("A", "B", "C", "sigma")
 
 
-def loss_law_model(log_n: jax.Array, log_d: jax.Array, log_loss: jax.Array | None = None) -> None:
-    """Chinchilla loss law with a robust (Student-t) likelihood on log loss.
+def loss_law_sites(family: LossLawFamily) -> tuple[str, ...]:
+    """The sites of :func:`loss_law_model_for` ``(family)`` that diagnostics check."""
+    return (*family.theta_names, "sigma", "nu")
+
+
+@functools.lru_cache(maxsize=None)
+def loss_law_model_for(family: LossLawFamily) -> Callable:
+    """The NumPyro model of a loss-law family, with a robust (Student-t) likelihood on log loss.
 
     Student-t rather than Gaussian for the reason the Epoch replication uses a Huber loss: runs
     read off a figure include outliers, and a Gaussian lets a handful of them move E by 3% and B
     by a factor of two (checked on the shipped data).
 
-    Priors (weakly informative; each spans every published fit by a wide margin):
+    Priors: the family's on theta (its ``prior``, documented with the family), and
 
-    * ``a, b ~ Normal(6, 4)``: log A, log B. Published fits have A, B between 4e2 and 2e3
-      (log 6-7.7); the prior's 95% range is A in [5e-1, 8e5].
-    * ``e ~ Normal(0.5, 1)``: log E, E in [0.2, 12] nats at 95%; text entropy is O(1) nat.
-    * ``alpha, beta ~ LogNormal(log 0.35, 0.5)``: positive exponents, 95% in [0.13, 0.93];
-      published values are 0.28-0.37.
     * ``sigma ~ HalfNormal(0.1)``: residual scale of log loss; Chinchilla's residuals are ~0.02.
     * ``nu ~ Gamma(2, 0.1)``: degrees of freedom, the prior of Juarez & Steel (2010); mean 20,
       so heavy tails must be supported by the data.
+
+    One model function per family (cached), so that compiled samplers are reused.
     """
-    a = numpyro.sample("a", dist.Normal(6.0, 4.0))
-    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
-    alpha = numpyro.sample("alpha", dist.LogNormal(jnp.log(0.35), 0.5))
-    beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(0.1))
-    nu = numpyro.sample("nu", dist.Gamma(2.0, 0.1))
-    mean = loss_law_log_prediction(jnp.stack([a, b, e, alpha, beta]), log_n, log_d)
-    with numpyro.plate("runs", log_n.shape[0]):
-        numpyro.sample("log_loss", dist.StudentT(nu, mean, sigma), obs=log_loss)
+
+    def model(log_n: jax.Array, log_d: jax.Array, log_loss: jax.Array | None = None) -> None:
+        theta = family.prior()
+        sigma = numpyro.sample("sigma", dist.HalfNormal(0.1))
+        nu = numpyro.sample("nu", dist.Gamma(2.0, 0.1))
+        mean = family.log_prediction(theta, log_n, log_d)
+        with numpyro.plate("runs", log_n.shape[0]):
+            numpyro.sample("log_loss", dist.StudentT(nu, mean, sigma), obs=log_loss)
+
+    model.__name__ = model.__qualname__ = f"loss_law_model[{family.name}]"
+    return model
 
 
-def plane_model(
-    ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, alpha: jax.Array | None = None
-) -> None:
-    """Acceptance plane ``alpha = A x + B y + C`` with weighted Gaussian noise.
+loss_law_model = loss_law_model_for(CHINCHILLA)
+"""The Chinchilla family's model (the paper's law); see :func:`loss_law_model_for`."""
 
-    The predictors are standardised inside the model (NUTS mixes far better) and A, B, C are
+
+@functools.lru_cache(maxsize=None)
+def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
+    """The NumPyro model of an acceptance model ``alpha = A u + B v + C`` with weighted Gaussian noise.
+
+    The features are standardised inside the model (NUTS mixes far better) and A, B, C are
     recorded as deterministic sites on the original scale. Priors on the standardised
-    coefficients ``Normal(0, 0.5)`` (a one-standard-deviation change of a perplexity moves alpha
-    by less than 0.5 at 68%: alpha lives in (0, 1)); the intercept at the mean perplexities
+    coefficients ``Normal(0, 0.5)`` (a one-standard-deviation change of a feature moves alpha
+    by less than 0.5 at 68%: alpha lives in (0, 1)); the intercept at the mean features
     ``Normal(0.5, 0.5)``; ``sigma ~ HalfNormal(0.2)`` for a row of average weight.
     """
-    x_mean, x_std = ppl_draft.mean(), ppl_draft.std() + 1e-12
-    y_mean, y_std = ppl_target.mean(), ppl_target.std() + 1e-12
-    slope_x = numpyro.sample("slope_x", dist.Normal(0.0, 0.5))
-    slope_y = numpyro.sample("slope_y", dist.Normal(0.0, 0.5))
-    centre = numpyro.sample("centre", dist.Normal(0.5, 0.5))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
-    A = numpyro.deterministic("A", slope_x / x_std)
-    B = numpyro.deterministic("B", slope_y / y_std)
-    numpyro.deterministic("C", centre - A * x_mean - B * y_mean)
-    mean = centre + slope_x * (ppl_draft - x_mean) / x_std + slope_y * (ppl_target - y_mean) / y_std
-    scale = sigma / jnp.sqrt(weights / weights.mean())
-    with numpyro.plate("pairs", ppl_draft.shape[0]):
-        numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
+
+    def model(ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, alpha: jax.Array | None = None) -> None:
+        u, v = acceptance_model.features(ppl_draft, ppl_target)
+        u_mean, u_std = u.mean(), u.std() + 1e-12
+        v_mean, v_std = v.mean(), v.std() + 1e-12
+        slope_x = numpyro.sample("slope_x", dist.Normal(0.0, 0.5))
+        slope_y = numpyro.sample("slope_y", dist.Normal(0.0, 0.5))
+        centre = numpyro.sample("centre", dist.Normal(0.5, 0.5))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
+        A = numpyro.deterministic("A", slope_x / u_std)
+        B = numpyro.deterministic("B", slope_y / v_std)
+        numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
+        mean = centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
+        scale = sigma / jnp.sqrt(weights / weights.mean())
+        with numpyro.plate("pairs", ppl_draft.shape[0]):
+            numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
+
+    model.__name__ = model.__qualname__ = f"plane_model[{acceptance_model.name}]"
+    return model
+
+
+plane_model = plane_model_for(PLANE)
+"""The paper's plane on raw perplexities; see :func:`plane_model_for`."""
 
 
 class Diagnostics(NamedTuple):
@@ -199,12 +222,29 @@ def _jittered(centre: dict[str, float], num_chains: int, seed: int, scale: float
     return out
 
 
+def _unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str, float]:
+    """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites)."""
+    with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
+        prior()
+    out = {}
+    for name, value in values.items():
+        support = trace[name]["fn"].support
+        if support is dist.constraints.real:
+            out[name] = float(value)
+        elif support is dist.constraints.positive:
+            out[name] = float(np.log(value))
+        else:
+            out[name] = float(dist.biject_to(support).inv(jnp.asarray(value)))
+    return out
+
+
 def sample_loss_law(
     n_params: ArrayLike,
     n_tokens: ArrayLike,
     loss: ArrayLike,
     *,
-    init: LossLaw,
+    init,
+    family: LossLawFamily | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -213,21 +253,22 @@ def sample_loss_law(
     target_accept: float = 0.9,
     summarize: bool = True,
 ) -> PosteriorRun:
-    """NUTS posterior of the loss law on runs (N, D, L), started around the point fit ``init``.
+    """NUTS posterior of a loss law on runs (N, D, L), started around the point fit ``init``.
 
-    ``summarize=False`` skips the ArviZ conversion and diagnostics (``inference_data`` and
-    ``diagnostics`` are then None): for loops over many small fits such as calibration.
+    ``family`` defaults to the shipped family of ``init``'s type. ``summarize=False`` skips the
+    ArviZ conversion and diagnostics (``inference_data`` and ``diagnostics`` are then None): for
+    loops over many small fits such as calibration.
     """
+    family = family_of(init) if family is None else family
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    residual = np.asarray(log_loss) - np.asarray(loss_law_log_prediction(theta_from_law(init), log_n, log_d))
-    # Unconstrained coordinates: log for the LogNormal/HalfNormal sites.
-    centre = dict(a=float(np.log(init.A)), b=float(np.log(init.B)), e=float(np.log(init.E)),
-                  alpha=float(np.log(init.alpha)), beta=float(np.log(init.beta)),
-                  sigma=float(np.log(max(np.median(np.abs(residual)) * 1.4826, 1e-4))), nu=float(np.log(5.0)))
-    return _run_nuts(loss_law_model, (log_n, log_d, log_loss), init_params=_jittered(centre, num_chains, seed, 0.02),
-                     var_names=LOSS_LAW_SITES, num_chains=num_chains, num_warmup=num_warmup,
-                     num_samples=num_samples, seed=seed, progress_bar=progress_bar, target_accept=target_accept,
-                     summarize=summarize)
+    theta = np.asarray(family.to_theta(init), np.float64)
+    residual = np.asarray(log_loss) - np.asarray(family.log_prediction(jnp.asarray(theta), log_n, log_d))
+    centre = _unconstrained_centre(family.prior, dict(zip(family.theta_names, theta)))
+    centre.update(sigma=float(np.log(max(np.median(np.abs(residual)) * 1.4826, 1e-4))), nu=float(np.log(5.0)))
+    return _run_nuts(loss_law_model_for(family), (log_n, log_d, log_loss),
+                     init_params=_jittered(centre, num_chains, seed, 0.02), var_names=loss_law_sites(family),
+                     num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
+                     progress_bar=progress_bar, target_accept=target_accept, summarize=summarize)
 
 
 def sample_plane(
@@ -236,6 +277,7 @@ def sample_plane(
     alpha: ArrayLike,
     *,
     weights: ArrayLike | None = None,
+    model: AcceptanceModel = PLANE,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -244,32 +286,35 @@ def sample_plane(
     target_accept: float = 0.9,
     summarize: bool = True,
 ) -> PosteriorRun:
-    """NUTS posterior of the acceptance plane (see :func:`plane_model`); ``summarize`` as in
+    """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` as in
     :func:`sample_loss_law`."""
     x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
-    # Start at the weighted least-squares plane (standardised coordinates), sigma at its residual.
-    xs, ys = (np.asarray(x) - np.mean(x)) / (np.std(x) + 1e-12), (np.asarray(y) - np.mean(y)) / (np.std(y) + 1e-12)
-    design = np.stack([xs, ys, np.ones_like(xs)], 1) * np.sqrt(np.asarray(w))[:, None]
+    # Start at the weighted least-squares fit (standardised coordinates), sigma at its residual.
+    u, v = (np.asarray(f) for f in model.features(x, y))
+    us, vs = (u - np.mean(u)) / (np.std(u) + 1e-12), (v - np.mean(v)) / (np.std(v) + 1e-12)
+    design = np.stack([us, vs, np.ones_like(us)], 1) * np.sqrt(np.asarray(w))[:, None]
     coef, *_ = np.linalg.lstsq(design, np.asarray(a) * np.sqrt(np.asarray(w)), rcond=None)
-    resid = np.asarray(a) - np.stack([xs, ys, np.ones_like(xs)], 1) @ coef
+    resid = np.asarray(a) - np.stack([us, vs, np.ones_like(us)], 1) @ coef
     sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
     centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
                   sigma=float(np.log(max(sigma0, 1e-4))))
-    return _run_nuts(plane_model, (x, y, w, a), init_params=_jittered(centre, num_chains, seed, 0.05),
+    return _run_nuts(plane_model_for(model), (x, y, w, a), init_params=_jittered(centre, num_chains, seed, 0.05),
                      var_names=PLANE_SITES, num_chains=num_chains, num_warmup=num_warmup,
                      num_samples=num_samples, seed=seed, progress_bar=progress_bar, target_accept=target_accept,
                      summarize=summarize)
 
 
-def laws_from_posterior(samples: dict[str, np.ndarray]) -> LossLaw:
-    """Posterior draws of (a, b, e, alpha, beta) as a :class:`LossLaw` of arrays."""
-    theta = np.stack([samples[k] for k in ("a", "b", "e", "alpha", "beta")], axis=-1)
-    return LossLaw(*(np.asarray(v) for v in law_from_theta(theta)))
+def laws_from_posterior(samples: dict[str, np.ndarray], family: LossLawFamily = CHINCHILLA):
+    """Posterior draws of the family's theta as its law, with fields of shape ``(draws,)``."""
+    theta = np.stack([samples[k] for k in family.theta_names], axis=-1)
+    law = family.from_theta(theta)
+    return type(law)(*(np.asarray(v) for v in law))
 
 
-def planes_from_posterior(samples: dict[str, np.ndarray]) -> AcceptancePlane:
-    return AcceptancePlane(A=samples["A"], B=samples["B"], C=samples["C"])
+def planes_from_posterior(samples: dict[str, np.ndarray], model: AcceptanceModel = PLANE):
+    """Posterior draws of (A, B, C) as the acceptance model's coefficients."""
+    return model.params_type(A=samples["A"], B=samples["B"], C=samples["C"])
 
 
 class DraftSizeBands(NamedTuple):
@@ -297,11 +342,13 @@ class DraftSizeBands(NamedTuple):
 
 def propagate_draft_size(
     m_target: ArrayLike,
-    laws: LossLaw,
-    planes: AcceptancePlane,
+    laws,
+    planes,
     *,
-    d_draft: float,
     d_target: float,
+    d_draft: float | None = None,
+    recipe=None,
+    cost=SDSL_FLOPS,
     quantiles=(0.05, 0.25, 0.5, 0.75, 0.95),
     chunk_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
@@ -311,26 +358,27 @@ def propagate_draft_size(
 
     Args:
       m_target: target sizes (1-D).
-      laws: loss-law draws (fields of shape ``(draws,)``) or a single law.
-      planes: plane draws (fields ``(draws,)``) or a single plane (e.g. ``SDSL2026``).
-      d_draft, d_target: training tokens of draft and target.
+      laws: loss-law draws (any family; fields of shape ``(draws,)``) or a single law.
+      planes: acceptance-model draws (fields ``(draws,)``) or a single model (e.g. ``SDSL2026``).
+      d_target: training tokens of the target.
+      d_draft, recipe: the draft's training budget, as in :func:`sdsl_jax.solve_draft_size`.
+      cost: cost model (its fields may also be draws).
       quantiles: probability levels to report.
       chunk_size: draws solved per vectorised call (memory is ``chunk_size x len(m)`` solves).
       progress: called as ``progress(done_draws, total_draws)``.
     """
     m = np.asarray(m_target, np.float64)
-    num_draws = max(np.size(laws.E), np.size(planes.A))
-    laws = LossLaw(*(np.broadcast_to(np.asarray(v, np.float64), (num_draws,)) for v in laws))
-    planes = AcceptancePlane(*(np.broadcast_to(np.asarray(v, np.float64), (num_draws,)) for v in planes))
+    recipe = as_recipe(d_draft, recipe)
+    draws = (laws, planes, cost, recipe)
+    num_draws = max(np.size(v) for v in jax.tree.leaves(draws))
+    draws = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (num_draws,)), draws)
     outputs = {k: [] for k in ("n_star", "gamma_star", "throughput")}
     for start in range(0, num_draws, chunk_size):
         stop = min(start + chunk_size, num_draws)
         idx = np.resize(np.arange(start, stop), chunk_size)  # fixed shape: one compilation
-        sol = solve_draft_size(
-            m[None, :], d_draft=d_draft, d_target=d_target,
-            loss=LossLaw(*(v[idx][:, None] for v in laws)),
-            plane=AcceptancePlane(*(v[idx][:, None] for v in planes)), **solver_options,
-        )
+        law, plane, cost_i, recipe_i = jax.tree.map(lambda v: v[idx][:, None], draws)
+        sol = solve_draft_size(m[None, :], d_target=d_target, recipe=recipe_i, loss=law, plane=plane, cost=cost_i,
+                               **solver_options)
         for k in outputs:
             outputs[k].append(np.asarray(getattr(sol, k))[: stop - start])
         if progress is not None:
@@ -348,7 +396,8 @@ def propagate_draft_size(
 
 
 def plane_sensitivity(
-    m_target: ArrayLike, *, law: LossLaw, plane: AcceptancePlane, d_draft: float, d_target: float
+    m_target: ArrayLike, *, law, plane, d_target: float, d_draft: float | None = None, recipe=None,
+    cost=SDSL_FLOPS,
 ) -> dict[str, np.ndarray]:
     """Elasticities ``d log N* / d log |theta|`` for theta = A, B, C, by implicit derivatives.
 
@@ -357,7 +406,8 @@ def plane_sensitivity(
     m = jnp.asarray(m_target, jnp.float64)
 
     def log_n_star(p):
-        return jnp.log(solve_draft_size(m, d_draft=d_draft, d_target=d_target, loss=law, plane=AcceptancePlane(*p)).n_star)
+        return jnp.log(solve_draft_size(m, d_draft=d_draft, d_target=d_target, recipe=recipe, loss=law,
+                                        plane=type(plane)(*p), cost=cost).n_star)
 
     p = jnp.asarray([plane.A, plane.B, plane.C], jnp.float64)
     jac = jax.jacfwd(log_n_star)(p)  # (len(m), 3)

@@ -30,8 +30,9 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from sdsl_jax.acceptance import AcceptancePlane
-from sdsl_jax.scaling import LossLaw
+from sdsl_jax.acceptance import PLANE, AcceptanceModel
+from sdsl_jax.loss_laws import (CHINCHILLA, EPOCH_GRID, LossLaw, LossLawFamily, law_from_theta,  # noqa: F401
+                                loss_law_log_prediction, theta_from_law)
 
 __all__ = [
     "FitResult",
@@ -213,50 +214,35 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
 
 
-EPOCH_GRID = np.array(
-    [
-        (a, b, e, alpha, beta)
-        for alpha, beta, e, a, b in itertools.product(
-            [0.0, 0.5, 1.0, 1.5, 2.0], [0.0, 0.5, 1.0, 1.5, 2.0], [-1.0, -0.5, 0.0, 0.5, 1.0],
-            [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], [0.0, 5.0, 10.0, 15.0, 20.0, 25.0],
-        )
-    ]
-)
-"""The Epoch replication's 4,500 starts, rows ``(a, b, e, alpha, beta)``."""
-
-
-def loss_law_log_prediction(theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
-    """``log L_hat = LSE(a - alpha log N, b - beta log D, e)``, ``theta = (a, b, e, alpha, beta)``."""
-    a, b, e, alpha, beta = theta
-    t1, t2 = a - alpha * log_n, b - beta * log_d
-    # Written out rather than jax.nn.logsumexp over a stack: 2x faster on 4,500 x 240 points.
-    top = jnp.maximum(jnp.maximum(t1, t2), e)
-    return top + jnp.log(jnp.exp(t1 - top) + jnp.exp(t2 - top) + jnp.exp(e - top))
-
-
 def loss_law_objective(theta, log_n, log_d, log_loss, delta=1e-3) -> jax.Array:
-    """Summed Huber loss of log-loss residuals [Besiroglu et al. 2024]."""
+    """Summed Huber loss of log-loss residuals, Chinchilla family [Besiroglu et al. 2024]."""
     residuals = loss_law_log_prediction(theta, log_n, log_d) - log_loss
     return optax.losses.huber_loss(residuals, delta=delta).sum()
+
+
+@functools.lru_cache(maxsize=None)
+def huber_objective(family: LossLawFamily) -> Callable[..., jax.Array]:
+    """The summed-Huber objective ``objective(theta, log_n, log_d, log_loss, delta)`` of a family.
+
+    One function per family (cached), so that :func:`fit_multistart` compiles it once.
+    """
+    if family is CHINCHILLA:
+        return loss_law_objective
+
+    def objective(theta, log_n, log_d, log_loss, delta=1e-3):
+        residuals = family.log_prediction(theta, log_n, log_d) - log_loss
+        return optax.losses.huber_loss(residuals, delta=delta).sum()
+
+    return objective
 
 
 class LossLawFit(NamedTuple):
     """A fitted loss law and the multi-start record behind it."""
 
-    law: LossLaw
-    theta: jax.Array  # (a, b, e, alpha, beta)
+    law: Any  # the family's law type (LossLaw for Chinchilla)
+    theta: jax.Array  # fitting coordinates, family.theta_names
     result: FitResult
-
-
-def law_from_theta(theta: ArrayLike) -> LossLaw:
-    """``(a, b, e, alpha, beta)`` -> ``LossLaw(E=e^e, A=e^a, B=e^b, alpha, beta)``."""
-    a, b, e, alpha, beta = jnp.moveaxis(jnp.asarray(theta), -1, 0)
-    return LossLaw(E=jnp.exp(e), A=jnp.exp(a), B=jnp.exp(b), alpha=alpha, beta=beta)
-
-
-def theta_from_law(law: LossLaw) -> jax.Array:
-    """``LossLaw`` -> ``(a, b, e, alpha, beta)`` = ``(log A, log B, log E, alpha, beta)``."""
-    return jnp.stack([jnp.log(law.A), jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.alpha), jnp.asarray(law.beta)])
+    family: LossLawFamily = CHINCHILLA
 
 
 def fit_loss_law(
@@ -264,6 +250,7 @@ def fit_loss_law(
     n_tokens: ArrayLike,
     loss: ArrayLike,
     *,
+    family: LossLawFamily = CHINCHILLA,
     delta: float = 1e-3,
     starts: ArrayLike | None = None,
     max_steps: int = 1000,
@@ -276,38 +263,44 @@ def fit_loss_law(
     Args:
       n_params, n_tokens, loss: the runs (1-D, positive).
       delta: Huber threshold on log-loss residuals.
-      starts: rows ``(a, b, e, alpha, beta)``; default :data:`EPOCH_GRID` (4,500 starts).
+      family: the law's form (:mod:`sdsl_jax.loss_laws`; default Chinchilla, the paper's).
+      starts: rows of the family's theta; default its grid (Chinchilla: :data:`EPOCH_GRID`,
+        the Epoch replication's 4,500 starts).
       max_steps, ftol, gtol: L-BFGS stopping rules per start (SciPy's defaults; ``ftol`` is
         relative to ``max(|objective|, 1)``, so lower it for data whose summed loss is far
         below 1).
       progress: callback ``(round, active_starts, total_starts)``, see :func:`fit_multistart`.
 
     Returns:
-      :class:`LossLawFit` (``law`` is the point estimate as a :class:`LossLaw`).
+      :class:`LossLawFit` (``law`` is the point estimate, of the family's law type).
 
     References:
       Besiroglu, Erdil, Barnett & You (2024), arXiv 2404.10102, section 3 and appendix.
     """
     _require_x64("fit_loss_law")
     data = tuple(jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    starts = jnp.asarray(EPOCH_GRID if starts is None else starts, jnp.float64)
+    starts = jnp.asarray(family.starts(*data) if starts is None else starts, jnp.float64)
+    if starts.ndim != 2 or starts.shape[1] != family.num_params:
+        raise ValueError(f"starts must have shape (num_starts, {family.num_params}) for the {family.name} family "
+                         f"({', '.join(family.theta_names)}), got {starts.shape}")
     result = fit_multistart(
-        loss_law_objective, starts, args=(*data, jnp.asarray(delta, jnp.float64)), max_steps=max_steps,
+        huber_objective(family), starts, args=(*data, jnp.asarray(delta, jnp.float64)), max_steps=max_steps,
         ftol=ftol, gtol=gtol, progress=progress,
     )
-    return LossLawFit(law_from_theta(result.params), result.params, result)
+    return LossLawFit(family.from_theta(result.params), result.params, result, family)
 
 
 class PlaneFit(NamedTuple):
-    """Weighted least-squares acceptance plane."""
+    """Weighted least-squares acceptance model."""
 
-    plane: AcceptancePlane
+    plane: Any  # the model's params_type (AcceptancePlane for the paper's plane)
     r_squared: jax.Array
     residual_std: jax.Array  # weighted RMS residual
 
 
 def fit_acceptance_plane(
-    ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None
+    ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None,
+    model: AcceptanceModel = PLANE,
 ) -> PlaneFit:
     """Fit ``alpha = A x + B y + C`` by weighted least squares.
 
@@ -316,6 +309,7 @@ def fit_acceptance_plane(
       ppl_target: target perplexities y.
       alpha: measured acceptance rates.
       weights: per-row weights (e.g. iterations measured); default equal.
+      model: the acceptance model (default the paper's plane; ``LOG_PLANE`` fits on losses).
 
     Returns:
       :class:`PlaneFit` with the plane, weighted R^2 and weighted RMS residual.
@@ -326,9 +320,10 @@ def fit_acceptance_plane(
     x, y, a = (jnp.asarray(v, jnp.result_type(float)) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, a.dtype)
     sw = jnp.sqrt(w / w.sum())
-    design = jnp.stack([x, y, jnp.ones_like(x)], axis=1)
+    u, v = model.features(x, y)
+    design = jnp.stack([u, v, jnp.ones_like(u)], axis=1)
     coef, *_ = jnp.linalg.lstsq(design * sw[:, None], a * sw)
     residual = a - design @ coef
     mean = (w * a).sum() / w.sum()
     r2 = 1.0 - (w * residual**2).sum() / (w * (a - mean) ** 2).sum()
-    return PlaneFit(AcceptancePlane(*coef), r2, jnp.sqrt((w * residual**2).sum() / w.sum()))
+    return PlaneFit(model.params_type(*coef), r2, jnp.sqrt((w * residual**2).sum() / w.sum()))

@@ -1,12 +1,8 @@
 """The optimal draft size N*(M): gradient-based solve, implicit derivatives, the linear law.
 
-Composite objective [SDSL 2026, arXiv 2603.11053]: a draft of N parameters trained on D tokens
-and a target of M parameters trained on D' tokens have perplexities ``x = exp L(N, D)`` and
-``y = exp L(M, D')``, acceptance ``alpha = A x + B y + C``, and at the best lookahead::
-
-    T(N, M, D, D') = max_gamma T(gamma; N, M, alpha) = log(alpha) / (2 N (1 - alpha) w)
-
-``N* = argmax_N T`` is solved in ``u = log N`` as the root of the stationarity condition
+Composite objective: ``T(N, M, D, D')`` of :mod:`sdsl_jax.objective`, composed from a loss law,
+an acceptance model, a cost model and a draft recipe (any of each) [SDSL 2026, arXiv 2603.11053;
+docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as the root of the stationarity condition
 ``g(u) = d log T / du = 0``:
 
 1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
@@ -18,8 +14,8 @@ and a target of M parameters trained on D' tokens have perplexities ``x = exp L(
    the plane) by the implicit function theorem through ``jax.lax.custom_root``:
    ``du*/dtheta = -(dg/dtheta) / (dg/du)``. The iterations are never differentiated.
 
-Everything is vectorised over broadcast shapes of ``m_target``, ``d_draft``, ``d_target`` and the
-fields of ``loss`` and ``plane`` (so posterior draws of the coefficients can be passed directly).
+Everything is vectorised over broadcast shapes of ``m_target``, ``d_target`` and every field of the
+law, the acceptance model, the cost and the recipe (so posterior draws can be passed directly).
 
 Precision follows the inputs' dtype. N* is weakly identified (T is flat: T(N*/2)/T* ~ 0.98),
 so float32 locates it only to about 1e-3 relative; enable x64 for 1e-6 and beyond.
@@ -30,7 +26,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,17 +34,18 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from sdsl_jax._arrays import as_float
-from sdsl_jax.acceptance import SDSL2026, AcceptancePlane, acceptance_rate
-from sdsl_jax.scaling import HOFFMANN2022, LossLaw, perplexity
-from sdsl_jax.speculative import optimal_lookahead, optimal_throughput
+from sdsl_jax.acceptance import SDSL2026
+from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
+from sdsl_jax.loss_laws import HOFFMANN2022
+from sdsl_jax.objective import draft_acceptance, draft_throughput
+from sdsl_jax.recipes import as_recipe
 
 __all__ = [
     "SolveStatus",
+    "status_message",
     "DraftSizeSolution",
     "LinearLaw",
     "SDSL2026_LINEAR_LAW",
-    "draft_acceptance",
-    "draft_throughput",
     "solve_draft_size",
     "optimal_draft_size",
     "fit_linear_law",
@@ -63,6 +60,27 @@ class SolveStatus(enum.IntEnum):
     NO_SPEEDUP = 2  # no draft size gives more tokens per FLOP than the target alone
     AT_LOWER_BOUND = 3  # throughput still rises as N decreases to n_min
     NOT_CONVERGED = 4  # Newton/bisection did not reach tol within max_steps
+
+    @property
+    def message(self) -> str:
+        """What the status means, in words (as Optimistix's ``RESULTS`` carry theirs)."""
+        return _STATUS_MESSAGES[self]
+
+
+_STATUS_MESSAGES = {
+    SolveStatus.SUCCESS: "solved: N* is a stationary maximum of T inside the search interval",
+    SolveStatus.NO_ADMISSIBLE_DRAFT: "no admissible draft: the acceptance model gives alpha outside (0, 1) for "
+                                     "every draft size searched",
+    SolveStatus.NO_SPEEDUP: "no speed-up: no draft size beats the target decoding alone",
+    SolveStatus.AT_LOWER_BOUND: "at the lower bound: throughput still rises as N falls to n_min (lower n_min, or "
+                                "the law extrapolates below its data)",
+    SolveStatus.NOT_CONVERGED: "not converged: Newton/bisection did not reach tol within max_steps",
+}
+
+
+def status_message(code) -> str:
+    """The message of a status code (an int, a :class:`SolveStatus` or a 0-d array)."""
+    return SolveStatus(int(code)).message
 
 
 class DraftSizeSolution(NamedTuple):
@@ -97,48 +115,19 @@ SDSL2026_LINEAR_LAW = LinearLaw(mu=2.71e-3, m0=8.71e7)
 mu 2.67-2.75e-3, m0 8.50-8.93e7)."""
 
 
-def draft_acceptance(
-    n_draft: ArrayLike,
-    m_target: ArrayLike,
-    *,
-    d_draft: ArrayLike,
-    d_target: ArrayLike,
-    loss: LossLaw = HOFFMANN2022,
-    plane: AcceptancePlane = SDSL2026,
-) -> jax.Array:
-    """Acceptance ``alpha(exp L(N, D), exp L(M, D'))`` predicted by the loss law and the plane."""
-    return acceptance_rate(perplexity(n_draft, d_draft, loss), perplexity(m_target, d_target, loss), plane)
-
-
-def draft_throughput(
-    n_draft: ArrayLike,
-    m_target: ArrayLike,
-    *,
-    d_draft: ArrayLike,
-    d_target: ArrayLike,
-    loss: LossLaw = HOFFMANN2022,
-    plane: AcceptancePlane = SDSL2026,
-) -> jax.Array:
-    """Composite objective ``T(N, M, D, D')``: tokens per FLOP at the best lookahead.
-
-    NaN where the pair is inadmissible (alpha outside (0, 1)); ``1 / (2 M)`` where drafting does
-    not pay (the best lookahead is 0).
-    """
-    alpha = draft_acceptance(n_draft, m_target, d_draft=d_draft, d_target=d_target, loss=loss, plane=plane)
-    return optimal_throughput(alpha, n_draft, m_target)
-
-
 class _Problem(NamedTuple):
     m: jax.Array
-    d_draft: jax.Array
     d_target: jax.Array
-    loss: LossLaw
-    plane: AcceptancePlane
+    loss: Any
+    plane: Any
+    cost: Any
+    recipe: Any
 
 
 def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
     n = jnp.exp(u)
-    return jnp.log(draft_throughput(n, p.m, d_draft=p.d_draft, d_target=p.d_target, loss=p.loss, plane=p.plane))
+    return jnp.log(draft_throughput(n, p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane,
+                                    cost=p.cost))
 
 
 def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
@@ -147,7 +136,8 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
     grid = jnp.linspace(log_n_min, log_m, num_grid)
     f_grid = jax.vmap(_log_throughput, (0, None))(jax.lax.stop_gradient(grid), jax.lax.stop_gradient(p))
     admissible = jnp.isfinite(f_grid)
-    gain = jnp.where(admissible, f_grid + jnp.log(2.0 * p.m), -jnp.inf)  # log(T / T_target)
+    log_target_cost = jnp.log(p.cost.verification(p.m, jnp.ones_like(p.m)))
+    gain = jnp.where(admissible, f_grid + log_target_cost, -jnp.inf)  # log(T / T_target)
     k = jnp.argmax(gain)
     no_admissible = ~jnp.any(admissible)
     no_speedup = ~no_admissible & (gain[k] <= 0)
@@ -201,10 +191,12 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
 def solve_draft_size(
     m_target: ArrayLike,
     *,
-    d_draft: ArrayLike,
     d_target: ArrayLike,
-    loss: LossLaw = HOFFMANN2022,
-    plane: AcceptancePlane = SDSL2026,
+    d_draft: ArrayLike | None = None,
+    recipe: Any = None,
+    loss: Any = HOFFMANN2022,
+    plane: Any = SDSL2026,
+    cost: Any = SDSL_FLOPS,
     n_min: float = 1.0,
     num_grid: int = 32,
     max_steps: int = 60,
@@ -214,10 +206,14 @@ def solve_draft_size(
 
     Args:
       m_target: target size(s) M, any shape.
-      d_draft: draft training tokens D (broadcasts with ``m_target``).
       d_target: target training tokens D'.
-      loss: loss-law coefficients (fields may be arrays, e.g. posterior draws, that broadcast).
-      plane: acceptance-plane coefficients (fields may be arrays).
+      d_draft: draft training tokens D, one budget for every N (the paper's setting); or give
+        ``recipe`` instead.
+      recipe: how D follows N (:mod:`sdsl_jax.recipes`: ``TokensPerParameter(20.0)``,
+        ``FixedCompute(1e18)``, ...).
+      loss: loss-law coefficients, any family (fields may be arrays, e.g. posterior draws).
+      plane: acceptance-model coefficients (``AcceptancePlane``, ``LogPerplexityPlane``, ...).
+      cost: cost model of an iteration (:mod:`sdsl_jax.costs`; default SDSL FLOPs).
       n_min: smallest draft size searched; the largest is M.
       num_grid: points of the log-spaced bracketing grid. The model must be unimodal in log N
         on the admissible part of ``[n_min, M]`` and that part must contain a grid point.
@@ -226,31 +222,33 @@ def solve_draft_size(
         after that step is of order its square (default: the square root of the dtype's eps).
 
     Returns:
-      A :class:`DraftSizeSolution`. ``n_star`` is NaN wherever ``status != SUCCESS``.
-      ``n_star`` is differentiable (forward and reverse mode) with respect to every float input
-      by the implicit function theorem.
+      A :class:`DraftSizeSolution`. ``n_star`` is NaN wherever ``status != SUCCESS``
+      (``status_message(code)`` says why). ``n_star`` is differentiable (forward and reverse
+      mode) with respect to every float input by the implicit function theorem.
 
     Raises:
       ValueError: naming the argument, for concrete inputs outside the model (non-positive or
         non-finite sizes and token counts, non-finite coefficients, a bad ``n_min``/``num_grid``).
     """
     _check_positive("m_target", m_target)
-    _check_positive("d_draft", d_draft)
     _check_positive("d_target", d_target)
-    for name, law in (("loss", loss), ("plane", plane)):
-        for field, value in zip(law._fields, law):
-            _check_finite(f"{name}.{field}", value)
+    if d_draft is not None:
+        _check_positive("d_draft", d_draft)
+    recipe = as_recipe(d_draft, recipe)
+    if d_draft is None:
+        _check_tree(recipe, "recipe", _check_positive)
+    for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
+        _check_tree(params, name, _check_finite)
     if not (isinstance(n_min, (int, float)) and n_min > 0 and math.isfinite(n_min)):
         raise ValueError(f"n_min must be a positive finite number, got {n_min!r}")
     if num_grid < 3:
         raise ValueError(f"num_grid must be at least 3, got {num_grid!r}")
 
-    leaves = jnp.broadcast_arrays(*as_float(m_target, d_draft, d_target, *loss, *plane))
-    dtype = leaves[0].dtype
-    shape = leaves[0].shape
-    flat = [x.reshape(-1) for x in leaves]
-    nl = len(loss)
-    problems = _Problem(flat[0], flat[1], flat[2], LossLaw(*flat[3 : 3 + nl]), AcceptancePlane(*flat[3 + nl :]))
+    problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
+    leaves, treedef = jax.tree.flatten(problem)
+    leaves = jnp.broadcast_arrays(*as_float(*leaves))
+    dtype, shape = leaves[0].dtype, leaves[0].shape
+    problems = jax.tree.unflatten(treedef, [x.reshape(-1) for x in leaves])
     if tol is None:
         tol = float(jnp.finfo(dtype).eps) ** 0.5
     log_n_min = jnp.log(jnp.asarray(n_min, dtype))
@@ -259,8 +257,8 @@ def solve_draft_size(
     return jax.tree.map(lambda x: x.reshape(shape), solution)
 
 
-# Compiled once per shape and options: tracing the vmapped while_loop and custom_root costs
-# seconds, far more than solving thousands of targets.
+# Compiled once per shape, options and model types: tracing the vmapped while_loop and
+# custom_root costs seconds, far more than solving thousands of targets.
 @functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
     u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(
@@ -268,14 +266,14 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
     )
     ok = status == SolveStatus.SUCCESS
     n_star = jnp.where(ok, jnp.exp(jnp.where(ok, u, 0.0)), jnp.nan)
-    alpha = draft_acceptance(
-        n_star, problems.m, d_draft=problems.d_draft, d_target=problems.d_target, loss=problems.loss, plane=problems.plane
-    )
+    alpha = draft_acceptance(n_star, problems.m, d_target=problems.d_target, recipe=problems.recipe,
+                             loss=problems.loss, plane=problems.plane)
+    best = best_lookahead(problems.cost, alpha, n_star, problems.m)
     return DraftSizeSolution(
         n_star=n_star,
-        gamma_star=optimal_lookahead(alpha, n_star, problems.m),
+        gamma_star=best.gamma,
         alpha=alpha,
-        throughput=optimal_throughput(alpha, n_star, problems.m),
+        throughput=best.throughput,
         status=status,
         num_steps=steps,
     )
@@ -284,22 +282,25 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
 def optimal_draft_size(
     m_target: ArrayLike,
     *,
-    d_draft: ArrayLike,
     d_target: ArrayLike,
-    loss: LossLaw = HOFFMANN2022,
-    plane: AcceptancePlane = SDSL2026,
+    d_draft: ArrayLike | None = None,
+    recipe: Any = None,
+    loss: Any = HOFFMANN2022,
+    plane: Any = SDSL2026,
+    cost: Any = SDSL_FLOPS,
     **solver_options,
 ) -> jax.Array:
-    """N*: the draft size maximising tokens per FLOP for each target size M.
+    """N*: the draft size maximising throughput for each target size M.
 
-    ``N*(M) = argmax_N T(N, M, D, D')`` with ``T`` from :func:`draft_throughput`; see
-    :func:`solve_draft_size` for the method, the options and the reasons behind a NaN.
+    ``N*(M) = argmax_N T(N, M, D, D')`` with ``T`` from :func:`sdsl_jax.draft_throughput`; see
+    :func:`solve_draft_size` for the arguments, the method and the reasons behind a NaN.
 
     Returns:
       N* with the broadcast shape of the inputs; NaN where no admissible optimum exists.
     """
     return solve_draft_size(
-        m_target, d_draft=d_draft, d_target=d_target, loss=loss, plane=plane, **solver_options
+        m_target, d_draft=d_draft, d_target=d_target, recipe=recipe, loss=loss, plane=plane, cost=cost,
+        **solver_options,
     ).n_star
 
 
@@ -349,6 +350,12 @@ def _check_finite(name: str, value) -> None:
     bad = ~np.isfinite(x)
     if bad.any():
         raise ValueError(f"{name} must be finite; got {x[bad].ravel()[0]!r} at index {tuple(int(i) for i in np.argwhere(bad)[0])}")
+
+
+def _check_tree(tree, name: str, check) -> None:
+    """Apply ``check(path_name, leaf)`` to every leaf, named like ``loss.alpha``."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        check(name + "".join(f".{getattr(k, 'name', getattr(k, 'key', getattr(k, 'idx', k)))}" for k in path), leaf)
 
 
 def _check_positive(name: str, value) -> None:

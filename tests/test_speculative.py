@@ -126,9 +126,10 @@ def test_stable_as_alpha_tends_to_one_and_zero():
         assert np.isfinite(optimal_lookahead(alpha, 1.0, 100.0))
         assert np.isfinite(jax.grad(optimal_throughput)(alpha, 1.0, 100.0))
     # T* = log(alpha) / (2 N (1 - alpha) w) at 50 digits, alpha = 1 - 1e-12, r = 100.
-    a = mpmath.mpf(1 - 1e-12)  # the float input, exactly
-    w = mpmath.lambertw(-(a**99) / mpmath.e, -1).real
-    t_star = float(mpmath.log(a) / (2 * (1 - a) * w))
+    with mpmath.workdps(50):  # set here: the suite's other modules must not decide it
+        a = mpmath.mpf(1 - 1e-12)  # the float input, exactly
+        w = mpmath.lambertw(-(a**99) / mpmath.e, -1).real
+        t_star = float(mpmath.log(a) / (2 * (1 - a) * w))
     assert float(optimal_throughput(1 - 1e-12, 1.0, 100.0)) == pytest.approx(t_star, rel=1e-12)
     for alpha in [1e-6, 1e-100, 1e-300]:
         assert float(expected_tokens(alpha, gamma)) == pytest.approx(sum(alpha**i for i in range(8)), rel=1e-14)

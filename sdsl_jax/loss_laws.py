@@ -1,0 +1,439 @@
+"""Pre-training loss laws ``L(N, D)``: families, their fitting coordinates and priors, and presets.
+
+A *law* is a NamedTuple of coefficient arrays with a ``loss(n_params, n_tokens)`` method (nats
+per token); being a pytree it can be differentiated, vmapped over posterior draws or passed to
+the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and sample a law:
+
+* ``theta_names``: the fitting coordinates ``theta`` (unconstrained where the optimiser needs it,
+  e.g. log-coefficients), which are also the NumPyro sites of the prior;
+* ``from_theta`` / ``to_theta``: ``theta`` (leading batch axes allowed) <-> law;
+* ``log_loss(theta, log_n, log_d)``: log L in fitting coordinates, written stably (the fitters'
+  residuals are ``log_loss - log L_observed``);
+* ``start_grid``: starts of the multi-start fit, an array of rows ``theta`` or a function of the
+  data ``(log_n, log_d, log_loss) -> array`` (for a break that must lie inside the data);
+* ``prior()``: inside a NumPyro model, one ``numpyro.sample`` per name of ``theta_names`` (in that
+  order), returning ``theta``.
+
+Shipped families (``FAMILIES`` maps their names to them):
+
+========================  ===========================================================================
+``chinchilla``            ``E + A / N^alpha + B / D^beta`` [Hoffmann et al. 2022, Approach 3]; the paper's
+``kaplan``                ``((N_c / N)^(alpha_N / alpha_D) + D_c / D)^alpha_D`` [Kaplan et al. 2020, eq. 1.5]
+``broken``                ``E + A / N^alpha + B D^-beta (1 + (D / D_b)^(1/f))^(-c f)``: one smooth break in D
+                          [Caballero et al. 2022, "Broken Neural Scaling Laws", eq. 1 with n = 1]
+``data``                  ``E + B / D^beta``: data only (a model size that does not matter)
+========================  ===========================================================================
+
+Adding a family is one file: a NamedTuple with ``loss`` and a :class:`LossLawFamily` (see
+README, "Extending"); nothing in the solver, fitters or samplers changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from sdsl_jax._arrays import as_float
+
+__all__ = [
+    "LossLaw",
+    "KaplanLaw",
+    "BrokenPowerLaw",
+    "DataLaw",
+    "LossLawFamily",
+    "CHINCHILLA",
+    "KAPLAN",
+    "BROKEN_POWER_LAW",
+    "DATA_ONLY",
+    "FAMILIES",
+    "family_of",
+    "HOFFMANN2022",
+    "BESIROGLU2024",
+    "KAPLAN2020",
+    "EPOCH_GRID",
+    "pretraining_loss",
+    "perplexity",
+    "loss_law_log_prediction",
+    "law_from_theta",
+    "theta_from_law",
+]
+
+
+def _positive_inputs(n_params: ArrayLike, n_tokens: ArrayLike, law) -> tuple[jax.Array, jax.Array, jax.Array, list]:
+    """(n, d, ok, fields) in one float dtype, with n and d replaced by 1 where not positive."""
+    n, d, *fields = as_float(n_params, n_tokens, *law)
+    ok = (n > 0) & (d > 0)
+    return jnp.where(ok, n, 1.0), jnp.where(ok, d, 1.0), ok, fields
+
+
+# --------------------------------------------------------------------------------------------
+# Chinchilla [Hoffmann et al. 2022, Approach 3]: the paper's law.
+
+
+class LossLaw(NamedTuple):
+    """Chinchilla form ``L(N, D) = E + A / N^alpha + B / D^beta`` (nats per token).
+
+    References:
+      Hoffmann et al. (2022), "Training Compute-Optimal Large Language Models", eq. 2.
+    """
+
+    E: ArrayLike
+    A: ArrayLike
+    B: ArrayLike
+    alpha: ArrayLike
+    beta: ArrayLike
+
+    def loss(self, n_params: ArrayLike, n_tokens: ArrayLike) -> jax.Array:
+        n, d, ok, (E, A, B, alpha, beta) = _positive_inputs(n_params, n_tokens, self)
+        loss = E + A * jnp.exp(-alpha * jnp.log(n)) + B * jnp.exp(-beta * jnp.log(d))
+        return jnp.where(ok, loss, jnp.nan)
+
+
+HOFFMANN2022 = LossLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
+"""Hoffmann et al. (2022), "Training Compute-Optimal Large Language Models", arXiv 2203.15556,
+Approach 3 (eq. 10). The preset SDSL starts from."""
+
+BESIROGLU2024 = LossLaw(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
+"""Besiroglu, Erdil, Barnett & You (2024), "Chinchilla Scaling: A replication attempt",
+arXiv 2404.10102: refit of Approach 3 on the data read off Hoffmann et al.'s Figure 4
+(``fits/data`` ships it) by Huber loss on log L."""
+
+
+def loss_law_log_prediction(theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
+    """``log L_hat = LSE(a - alpha log N, b - beta log D, e)``, ``theta = (a, b, e, alpha, beta)``.
+
+    References:
+      Besiroglu et al. (2024), section 3: the Epoch replication's parameterisation.
+    """
+    a, b, e, alpha, beta = theta
+    t1, t2 = a - alpha * log_n, b - beta * log_d
+    # Written out rather than jax.nn.logsumexp over a stack: 2x faster on 4,500 x 240 points.
+    top = jnp.maximum(jnp.maximum(t1, t2), e)
+    return top + jnp.log(jnp.exp(t1 - top) + jnp.exp(t2 - top) + jnp.exp(e - top))
+
+
+def law_from_theta(theta: ArrayLike) -> LossLaw:
+    """``(a, b, e, alpha, beta)`` -> ``LossLaw(E=e^e, A=e^a, B=e^b, alpha, beta)``."""
+    a, b, e, alpha, beta = jnp.moveaxis(jnp.asarray(theta), -1, 0)
+    return LossLaw(E=jnp.exp(e), A=jnp.exp(a), B=jnp.exp(b), alpha=alpha, beta=beta)
+
+
+def theta_from_law(law: LossLaw) -> jax.Array:
+    """``LossLaw`` -> ``(a, b, e, alpha, beta)`` = ``(log A, log B, log E, alpha, beta)``."""
+    return jnp.stack([jnp.log(law.A), jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.alpha), jnp.asarray(law.beta)])
+
+
+EPOCH_GRID = np.array(
+    [
+        (a, b, e, alpha, beta)
+        for alpha, beta, e, a, b in itertools.product(
+            [0.0, 0.5, 1.0, 1.5, 2.0], [0.0, 0.5, 1.0, 1.5, 2.0], [-1.0, -0.5, 0.0, 0.5, 1.0],
+            [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], [0.0, 5.0, 10.0, 15.0, 20.0, 25.0],
+        )
+    ]
+)
+"""The Epoch replication's 4,500 starts, rows ``(a, b, e, alpha, beta)``."""
+
+
+def _chinchilla_prior() -> jax.Array:
+    """Priors of the Chinchilla law, weakly informative (they contain every published fit by a wide margin).
+
+    * ``a, b ~ Normal(6, 4)``: log A, log B. Published fits have A, B between 4e2 and 2e3
+      (log 6-7.7); the prior's 95% range is A in [5e-1, 8e5].
+    * ``e ~ Normal(0.5, 1)``: log E, E in [0.2, 12] nats at 95%; text entropy is O(1) nat.
+    * ``alpha, beta ~ LogNormal(log 0.35, 0.5)``: positive exponents, 95% in [0.13, 0.93];
+      published values are 0.28-0.37.
+    """
+    import numpyro
+    import numpyro.distributions as dist
+
+    a = numpyro.sample("a", dist.Normal(6.0, 4.0))
+    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    alpha = numpyro.sample("alpha", dist.LogNormal(jnp.log(0.35), 0.5))
+    beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
+    return jnp.stack([a, b, e, alpha, beta])
+
+
+# --------------------------------------------------------------------------------------------
+# Kaplan et al. (2020), eq. 1.5.
+
+
+class KaplanLaw(NamedTuple):
+    """``L(N, D) = ((N_c / N)^(alpha_N / alpha_D) + D_c / D)^alpha_D`` (no irreducible term).
+
+    References:
+      Kaplan et al. (2020), "Scaling Laws for Neural Language Models", arXiv 2001.08361, eq. 1.5.
+    """
+
+    N_c: ArrayLike
+    D_c: ArrayLike
+    alpha_N: ArrayLike
+    alpha_D: ArrayLike
+
+    def loss(self, n_params: ArrayLike, n_tokens: ArrayLike) -> jax.Array:
+        n, d, ok, (n_c, d_c, alpha_n, alpha_d) = _positive_inputs(n_params, n_tokens, self)
+        theta = jnp.stack(jnp.broadcast_arrays(jnp.log(n_c), jnp.log(d_c), alpha_n, alpha_d))
+        return jnp.where(ok, jnp.exp(_kaplan_log_loss(theta, jnp.log(n), jnp.log(d))), jnp.nan)
+
+
+KAPLAN2020 = KaplanLaw(N_c=8.8e13, D_c=5.4e13, alpha_N=0.076, alpha_D=0.095)
+"""Kaplan et al. (2020), arXiv 2001.08361, eq. 1.5 and Table 2 (non-embedding parameters, WebText2
+tokens, loss in nats)."""
+
+
+def _kaplan_log_loss(theta, log_n, log_d):
+    # log L = alpha_D * LSE((alpha_N / alpha_D)(log N_c - log N), log D_c - log D)
+    log_nc, log_dc, alpha_n, alpha_d = theta
+    return alpha_d * jnp.logaddexp(alpha_n / alpha_d * (log_nc - log_n), log_dc - log_d)
+
+
+def _kaplan_from_theta(theta):
+    log_nc, log_dc, alpha_n, alpha_d = jnp.moveaxis(jnp.asarray(theta), -1, 0)
+    return KaplanLaw(N_c=jnp.exp(log_nc), D_c=jnp.exp(log_dc), alpha_N=alpha_n, alpha_D=alpha_d)
+
+
+def _kaplan_to_theta(law):
+    return jnp.stack([jnp.log(law.N_c), jnp.log(law.D_c), jnp.asarray(law.alpha_N), jnp.asarray(law.alpha_D)])
+
+
+def _kaplan_prior():
+    """``log N_c, log D_c ~ Normal(25, 10)`` (Kaplan's are 32.1 and 31.6; small models sit far
+    lower); ``alpha_N, alpha_D ~ LogNormal(log 0.1, 1)`` (Kaplan: 0.076, 0.095)."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    log_nc = numpyro.sample("log_N_c", dist.Normal(25.0, 10.0))
+    log_dc = numpyro.sample("log_D_c", dist.Normal(25.0, 10.0))
+    alpha_n = numpyro.sample("alpha_N", dist.LogNormal(jnp.log(0.1), 1.0))
+    alpha_d = numpyro.sample("alpha_D", dist.LogNormal(jnp.log(0.1), 1.0))
+    return jnp.stack([log_nc, log_dc, alpha_n, alpha_d])
+
+
+_KAPLAN_GRID = np.array(list(itertools.product(
+    [10.0, 20.0, 30.0, 40.0], [10.0, 20.0, 30.0, 40.0], [0.05, 0.1, 0.3, 0.6], [0.05, 0.1, 0.3, 0.6])))
+
+
+# --------------------------------------------------------------------------------------------
+# A smoothly broken power law in D [Caballero et al. 2022] with Chinchilla's N term.
+
+
+class BrokenPowerLaw(NamedTuple):
+    """``L = E + A / N^alpha + B D^-beta (1 + (D / D_break)^(1/f))^(-c f)``.
+
+    The data term bends smoothly at ``D_break`` from slope ``-beta`` to ``-(beta + c)`` in log-log,
+    over a width set by ``f`` (smaller is sharper).
+
+    References:
+      Caballero, Gupta, Rish & Krueger (2022), "Broken Neural Scaling Laws", arXiv 2210.14891,
+      eq. 1 with one break (n = 1), plus the N term of Hoffmann et al. (2022).
+    """
+
+    E: ArrayLike
+    A: ArrayLike
+    alpha: ArrayLike
+    B: ArrayLike
+    beta: ArrayLike
+    D_break: ArrayLike
+    c: ArrayLike
+    f: ArrayLike
+
+    def loss(self, n_params: ArrayLike, n_tokens: ArrayLike) -> jax.Array:
+        n, d, ok, fields = _positive_inputs(n_params, n_tokens, self)
+        theta = jnp.stack(jnp.broadcast_arrays(*_broken_theta_fields(BrokenPowerLaw(*fields))))
+        return jnp.where(ok, jnp.exp(_broken_log_loss(theta, jnp.log(n), jnp.log(d))), jnp.nan)
+
+
+_BROKEN_NAMES = ("a", "b", "e", "alpha", "beta", "log_d_break", "c", "log_f")
+
+
+def _broken_log_loss(theta, log_n, log_d):
+    a, b, e, alpha, beta, log_db, c, log_f = theta
+    f = jnp.exp(log_f)
+    # log of B D^-beta (1 + (D/D_b)^(1/f))^(-c f) = b - beta log D - c f softplus((log D - log D_b) / f)
+    t2 = b - beta * log_d - c * f * jax.nn.softplus((log_d - log_db) / f)
+    t1 = a - alpha * log_n
+    top = jnp.maximum(jnp.maximum(t1, t2), e)
+    return top + jnp.log(jnp.exp(t1 - top) + jnp.exp(t2 - top) + jnp.exp(e - top))
+
+
+def _broken_theta_fields(law):
+    return (jnp.log(law.A), jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.alpha), jnp.asarray(law.beta),
+            jnp.log(law.D_break), jnp.asarray(law.c), jnp.log(law.f))
+
+
+def _broken_from_theta(theta):
+    a, b, e, alpha, beta, log_db, c, log_f = jnp.moveaxis(jnp.asarray(theta), -1, 0)
+    return BrokenPowerLaw(E=jnp.exp(e), A=jnp.exp(a), alpha=alpha, B=jnp.exp(b), beta=beta, D_break=jnp.exp(log_db),
+                          c=c, f=jnp.exp(log_f))
+
+
+def _broken_to_theta(law):
+    return jnp.stack(_broken_theta_fields(law))
+
+
+def _broken_grid(log_n, log_d, log_loss):
+    """Chinchilla-like starts, with the break at the quartiles of the data's log D."""
+    breaks = np.quantile(np.asarray(log_d), [0.25, 0.5, 0.75])
+    return np.array([
+        (a, b, e, alpha, beta, db, c, 0.0)
+        for a, b, e, alpha, beta, db, c in itertools.product(
+            [0.0, 5.0, 10.0, 15.0], [0.0, 5.0, 10.0, 15.0], [-1.0, 0.0, 0.5], [0.3, 1.0], [0.3, 1.0], breaks,
+            [-0.5, 0.5])
+    ])
+
+
+def _broken_prior():
+    """Chinchilla's priors for (a, b, e, alpha, beta); ``log D_break ~ Normal(18, 6)`` (a break
+    anywhere between 1e3 and 1e13 tokens at 95%), ``c ~ Normal(0, 1)`` (the change of slope),
+    ``log f ~ Normal(0, 1)`` (sharpness)."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    a, b, e, alpha, beta = _chinchilla_prior()
+    log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
+    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
+    log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
+    return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
+
+
+# --------------------------------------------------------------------------------------------
+# Data only.
+
+
+class DataLaw(NamedTuple):
+    """``L(N, D) = E + B / D^beta``: the loss depends on the training tokens only."""
+
+    E: ArrayLike
+    B: ArrayLike
+    beta: ArrayLike
+
+    def loss(self, n_params: ArrayLike, n_tokens: ArrayLike) -> jax.Array:
+        n, d, ok, (E, B, beta) = _positive_inputs(n_params, n_tokens, self)
+        return jnp.where(ok, E + B * jnp.exp(-beta * jnp.log(d)) + 0.0 * n, jnp.nan)
+
+
+def _data_log_loss(theta, log_n, log_d):
+    b, e, beta = theta
+    return jnp.logaddexp(b - beta * log_d, e) + 0.0 * log_n
+
+
+def _data_from_theta(theta):
+    b, e, beta = jnp.moveaxis(jnp.asarray(theta), -1, 0)
+    return DataLaw(E=jnp.exp(e), B=jnp.exp(b), beta=beta)
+
+
+def _data_to_theta(law):
+    return jnp.stack([jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.beta)])
+
+
+def _data_prior():
+    """Chinchilla's priors for b, e and beta."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
+    return jnp.stack([b, e, beta])
+
+
+_DATA_GRID = np.array(list(itertools.product(
+    [0.0, 5.0, 10.0, 15.0, 20.0, 25.0], [-1.0, -0.5, 0.0, 0.5, 1.0], [0.0, 0.5, 1.0, 1.5, 2.0])))
+
+
+# --------------------------------------------------------------------------------------------
+# The protocol.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LossLawFamily:
+    """How a loss-law form is fitted and sampled (see the module docstring for each field).
+
+    Families compare by identity, so they can key compilation caches.
+    """
+
+    name: str
+    law_type: type
+    theta_names: tuple[str, ...]
+    from_theta: Callable[[ArrayLike], Any]
+    to_theta: Callable[[Any], jax.Array]
+    start_grid: np.ndarray | Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    prior: Callable[[], jax.Array]
+    log_loss: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
+    description: str = ""
+
+    def log_prediction(self, theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
+        """log L at ``theta``: the family's stable form, else ``log(law.loss(N, D))``."""
+        if self.log_loss is not None:
+            return self.log_loss(theta, log_n, log_d)
+        return jnp.log(self.from_theta(theta).loss(jnp.exp(log_n), jnp.exp(log_d)))
+
+    def starts(self, log_n, log_d, log_loss) -> np.ndarray:
+        """The multi-start grid for these data (rows ``theta``)."""
+        grid = self.start_grid(log_n, log_d, log_loss) if callable(self.start_grid) else self.start_grid
+        return np.asarray(grid, np.float64)
+
+    @property
+    def num_params(self) -> int:
+        return len(self.theta_names)
+
+    def __repr__(self) -> str:
+        return f"LossLawFamily({self.name!r})"
+
+
+CHINCHILLA = LossLawFamily(
+    name="chinchilla", law_type=LossLaw, theta_names=("a", "b", "e", "alpha", "beta"), from_theta=law_from_theta,
+    to_theta=theta_from_law, start_grid=EPOCH_GRID, prior=_chinchilla_prior, log_loss=loss_law_log_prediction,
+    description="E + A/N^alpha + B/D^beta (Hoffmann et al. 2022; the paper's law)")
+KAPLAN = LossLawFamily(
+    name="kaplan", law_type=KaplanLaw, theta_names=("log_N_c", "log_D_c", "alpha_N", "alpha_D"),
+    from_theta=_kaplan_from_theta, to_theta=_kaplan_to_theta, start_grid=_KAPLAN_GRID, prior=_kaplan_prior,
+    log_loss=_kaplan_log_loss, description="((N_c/N)^(alpha_N/alpha_D) + D_c/D)^alpha_D (Kaplan et al. 2020)")
+BROKEN_POWER_LAW = LossLawFamily(
+    name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
+    to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
+    description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)")
+DATA_ONLY = LossLawFamily(
+    name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
+    to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,
+    description="E + B/D^beta (no model-size term)")
+
+FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BROKEN_POWER_LAW, DATA_ONLY)}
+"""The shipped loss-law families by name (the CLIs' ``--law`` choices)."""
+
+
+def family_of(law) -> LossLawFamily:
+    """The shipped family whose law type ``law`` is; a clear error for any other type."""
+    for family in FAMILIES.values():
+        if isinstance(law, family.law_type):
+            return family
+    raise TypeError(f"{type(law).__name__} is not the law of a shipped family; pass its LossLawFamily explicitly")
+
+
+def pretraining_loss(n_params: ArrayLike, n_tokens: ArrayLike, law: Any = HOFFMANN2022) -> jax.Array:
+    """Final pre-training loss ``L(N, D)`` in nats per token, for any law (``law.loss(N, D)``).
+
+    Args:
+      n_params: model size N (parameters), > 0.
+      n_tokens: training tokens D, > 0.
+      law: the coefficients (a law NamedTuple; fields may be arrays that broadcast).
+
+    Returns:
+      The loss, broadcast over the inputs; NaN for non-positive N or D.
+
+    References:
+      Hoffmann et al. (2022), eq. 2 and Approach 3 (the default law's form).
+    """
+    return law.loss(n_params, n_tokens)
+
+
+def perplexity(n_params: ArrayLike, n_tokens: ArrayLike, law: Any = HOFFMANN2022) -> jax.Array:
+    """Perplexity ``exp(L(N, D))`` predicted by the loss law."""
+    return jnp.exp(pretraining_loss(n_params, n_tokens, law))
