@@ -30,17 +30,14 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
+import mpmath
+import numpy as np
+import scipy
+import scipy.special
 
-jax.config.update("jax_enable_x64", True)  # the benchmarks compare float64 accuracy
-
-import jax.numpy as jnp  # noqa: E402
-import mpmath  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy  # noqa: E402
-import scipy.special  # noqa: E402
-
-from experiments import numpy_reference  # noqa: E402
-from sdsl_jax import HOFFMANN2022, SDSL2026, lambertw, solve_draft_size  # noqa: E402
+from experiments import numpy_reference
+from sdsl_jax import HOFFMANN2022, SDSL2026, lambertw, solve_draft_size
 
 
 def machine_description() -> str:
@@ -244,6 +241,7 @@ SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": b
 
 
 def main(argv: list[str] | None = None) -> int:
+    jax.config.update("jax_enable_x64", True)  # set here, not at import: float64 for this run
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only these sections")

@@ -16,14 +16,11 @@ import sys
 import time
 
 import jax
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-import numpy as np  # noqa: E402
-
-from sdsl_jax import SDSL2026, LossLaw  # noqa: E402
-from sdsl_jax.bayes import interval_coverage, laws_from_posterior, sample_loss_law, sample_plane  # noqa: E402
-from sdsl_jax.fitting import loss_law_log_prediction, theta_from_law  # noqa: E402
+from sdsl_jax import SDSL2026, LossLaw
+from sdsl_jax.bayes import interval_coverage, laws_from_posterior, sample_loss_law, sample_plane
+from sdsl_jax.fitting import loss_law_log_prediction, theta_from_law
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
 TRUE_LOSS_SIGMA, TRUE_NU = 0.02, 8.0
@@ -67,6 +64,7 @@ def loss_law_coverage(num_datasets: int, *, num_runs: int = 60, num_warmup: int 
 
 
 def main(argv: list[str] | None = None) -> int:
+    jax.config.update("jax_enable_x64", True)  # set here, not at import: float64 for this run
     parser = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=int, default=100, help="synthetic datasets per model (100)")

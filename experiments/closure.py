@@ -23,46 +23,16 @@ Writes ``closure.json``, ``closure.md`` (the table) and ``closure.png`` to ``--o
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import sys
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+import numpy as np
 
-import argparse  # noqa: E402
-import csv  # noqa: E402
-import datetime  # noqa: E402
-import sys  # noqa: E402
-
-import jax  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)  # the Huber fit and N* need float64
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from experiments.runlog import Log, sha256, versions, write_json  # noqa: E402
-from sdsl_jax import (AcceptancePlane, LossLaw, acceptance_rate, draft_acceptance, draft_throughput,  # noqa: E402
-                      optimal_throughput, solve_draft_size)
-from sdsl_jax import bayes  # noqa: E402
-from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
-from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law  # noqa: E402
-
-
-def read_speculative(path: str) -> list[dict]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    numeric = ("n_target", "n_draft", "d_target", "d_draft", "gamma", "alpha_mle", "tokens_per_flop_sdsl",
-               "wallclock_speedup", "tokens_per_second", "target_alone_tokens_per_second", "tau")
-    for row in rows:
-        for key in numeric:
-            row[key] = float(row[key])
-    return rows
-
-
-def _draws(samples: dict, names, count: int, seed: int) -> dict:
-    total = len(next(iter(samples.values())))
-    idx = np.random.default_rng(seed).choice(total, size=min(count, total), replace=False)
-    return {k: np.asarray(samples[k])[idx] for k in names}
+from experiments.runlog import Log, sha256, versions, write_json
+from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, best_lookahead, draft_throughput, solve_draft_size
+from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
 
 
 def measured_perplexities(pairs) -> dict[str, float]:
@@ -72,45 +42,49 @@ def measured_perplexities(pairs) -> dict[str, float]:
     return out
 
 
-def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *, laws: LossLaw | None = None,
-               planes: AcceptancePlane | None = None, perplexities: dict[str, float] | None = None) -> list[dict]:
+def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
+               perplexities: dict[str, float] | None = None) -> list[dict]:
     """One record per target: predicted vs measured best draft, N*, alpha and T*.
 
-    With ``perplexities`` (model name -> measured perplexity) also the plane-only prediction: T*
-    from the plane at the measured perplexities, bypassing L(N, D), which tells which link of the
-    chain (loss law or plane) a miss comes from.
+    ``point`` is a :class:`sdsl_jax.pipeline.PointFit`; ``draws`` the paired posterior draws
+    ``(laws, planes)`` (:func:`sdsl_jax.pipeline.paired_draws`). With ``perplexities`` (model name
+    -> measured perplexity) also the acceptance-model-only prediction: T* from the acceptance model
+    at the measured perplexities, bypassing L(N, D), which tells which link of the chain (loss law
+    or acceptance) a miss comes from.
     """
+    from sdsl_jax import bayes, pipeline
+
+    law, plane = point.law, point.plane
     out = []
-    targets = {r["target"]: r for r in speculative}  # any row of a target carries its M and D'
-    for target in sorted(targets, key=lambda t: targets[t]["n_target"]):
-        rows = [r for r in speculative if r["target"] == target]
-        m, d_prime = targets[target]["n_target"], targets[target]["d_target"]
-        by_draft = {}
-        for r in rows:
-            by_draft.setdefault(r["draft"], []).append(r)
-        drafts = sorted(by_draft, key=lambda dr: by_draft[dr][0]["n_draft"])
-        n = np.array([by_draft[dr][0]["n_draft"] for dr in drafts])
-        d = np.array([by_draft[dr][0]["d_draft"] for dr in drafts])
-        best_runs = [max(by_draft[dr], key=lambda r: r["tokens_per_flop_sdsl"]) for dr in drafts]  # best gamma
-        measured_t = np.array([r["tokens_per_flop_sdsl"] for r in best_runs])
-        measured_alpha = np.array([np.mean([r["alpha_mle"] for r in by_draft[dr]]) for dr in drafts])
-        law_kw = dict(d_draft=d, d_target=d_prime, loss=law, plane=plane)
-        a_pred = np.asarray(draft_acceptance(n, m, **law_kw))
-        t_pred = np.asarray(draft_throughput(n, m, **law_kw))
-        pred_idx = int(np.nanargmax(t_pred)) if np.isfinite(t_pred).any() else None
+    spec = speculative
+    targets = sorted(set(spec.target), key=lambda t: spec.n_target[spec.target.index(t)])
+    for target in targets:
+        rows = np.flatnonzero(np.asarray(spec.target) == target)
+        m, d_prime = float(spec.n_target[rows[0]]), float(spec.d_target[rows[0]])
+        by_draft: dict[str, list[int]] = {}
+        for i in rows:
+            by_draft.setdefault(spec.draft[i], []).append(int(i))
+        drafts = sorted(by_draft, key=lambda dr: spec.n_draft[by_draft[dr][0]])
+        n = np.array([spec.n_draft[by_draft[dr][0]] for dr in drafts])
+        d = np.array([spec.d_draft[by_draft[dr][0]] for dr in drafts])
+        best_runs = [max(by_draft[dr], key=lambda i: spec.tokens_per_flop_sdsl[i]) for dr in drafts]  # best gamma
+        measured_t = np.array([spec.tokens_per_flop_sdsl[i] for i in best_runs])
+        measured_alpha = np.array([np.mean([spec.alpha_mle[i] for i in by_draft[dr]]) for dr in drafts])
+        ranking = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws)
+        pred_idx = ranking.best
         best_measured = int(np.argmax(measured_t))
-        fastest = max(rows, key=lambda r: r["wallclock_speedup"])
+        fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
         d_ref = float(np.exp(np.mean(np.log(d))))
         sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
         rec = dict(
             target=target, m_target=m, d_target=d_prime, drafts=drafts, n_drafts=n.tolist(),
             d_drafts=d.tolist(), d_reference=d_ref,
             measured_tokens_per_flop=measured_t.tolist(), measured_alpha_mle=measured_alpha.tolist(),
-            predicted_tokens_per_flop=t_pred.tolist(), predicted_alpha=a_pred.tolist(),
+            predicted_tokens_per_flop=ranking.throughput.tolist(), predicted_alpha=ranking.alpha.tolist(),
             predicted_best=drafts[pred_idx] if pred_idx is not None else None,
-            measured_best=drafts[best_measured], measured_best_gamma=int(best_runs[best_measured]["gamma"]),
-            fastest_wallclock=fastest["draft"], fastest_wallclock_gamma=int(fastest["gamma"]),
-            fastest_wallclock_speedup=fastest["wallclock_speedup"],
+            measured_best=drafts[best_measured], measured_best_gamma=int(spec.gamma[best_runs[best_measured]]),
+            fastest_wallclock=spec.draft[fastest], fastest_wallclock_gamma=int(spec.gamma[fastest]),
+            fastest_wallclock_speedup=float(spec.wallclock_speedup[fastest]),
             n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
             gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / (2 * m),
             # What following the law costs: measured T of the predicted-best draft over the best measured T.
@@ -118,18 +92,14 @@ def close_loop(speculative: list[dict], law: LossLaw, plane: AcceptancePlane, *,
                                        else float("nan")),
         )
         if perplexities is not None:
-            alpha_plane = acceptance_rate(np.array([perplexities[dr] for dr in drafts]), perplexities[target], plane)
-            t_plane = np.asarray(optimal_throughput(alpha_plane, n, m))
+            alpha_plane = plane.rate(np.array([perplexities[dr] for dr in drafts]), perplexities[target])
+            t_plane = np.asarray(best_lookahead(SDSL_FLOPS, alpha_plane, n, m).throughput)
             rec["plane_only_tokens_per_flop"] = t_plane.tolist()
             rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
-        if laws is not None:
-            t_draws = np.asarray(draft_throughput(n, m, d_draft=d, d_target=d_prime,
-                                                  loss=jax.tree.map(lambda v: v[:, None], laws),
-                                                  plane=jax.tree.map(lambda v: v[:, None], planes)))
-            ok = np.isfinite(t_draws).all(axis=1)
-            best = np.argmax(np.where(np.isfinite(t_draws), t_draws, -np.inf), axis=1)
-            rec["p_best"] = [float(np.mean(best[ok] == i)) if ok.any() else float("nan") for i in range(len(drafts))]
-            rec["predicted_tokens_per_flop_band"] = np.nanpercentile(t_draws, [5, 95], axis=0).T.tolist()
+        if draws is not None:
+            rec["p_best"] = ranking.p_best.tolist()
+            rec["predicted_tokens_per_flop_band"] = ranking.throughput_band.tolist()
+            laws, planes = draws
             bands = bayes.propagate_draft_size(np.array([m]), laws, planes, d_draft=d_ref, d_target=d_prime,
                                                quantiles=(0.05, 0.5, 0.95))
             rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
@@ -176,14 +146,12 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def figure(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     cols = min(3, len(records))
     rows = -(-len(records) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, r in zip(axes.flat, records):
         base = r["target_alone_tokens_per_flop"]
         n = np.array(r["n_drafts"])
@@ -212,7 +180,6 @@ def figure(records: list[dict], path: str) -> None:
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110)
-    plt.close(fig)
     os.replace(tmp, path)
 
 
@@ -223,12 +190,16 @@ def parse_args(argv):
                    "speculative.csv (fits/ladder)")
     p.add_argument("--text", choices=("heldout", "hellaswag"), default="heldout",
                    help="which evaluation text's perplexities and alpha to fit (heldout)")
+    p.add_argument("--law", choices=sorted(FAMILIES), default="chinchilla",
+                   help="loss-law form: " + ", ".join(FAMILIES) + " (chinchilla)")
+    p.add_argument("--acceptance-model", choices=sorted(ACCEPTANCE_MODELS), default="plane",
+                   help="acceptance model: " + ", ".join(ACCEPTANCE_MODELS) + " (plane)")
     p.add_argument("--posterior", action="store_true", help="NUTS posteriors: P(best draft) and bands")
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
     p.add_argument("--propagate", type=int, default=1000, help="posterior draws pushed through N* (1000)")
-    p.add_argument("--starts", type=int, default=1, metavar="K", help="use every K-th Epoch start (1: all)")
+    p.add_argument("--starts", type=int, default=1, metavar="K", help="use every K-th start of the law's grid (1: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output folder (<data>/closure)")
     p.add_argument("--no-figure", action="store_true")
@@ -239,6 +210,11 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    from experiments.fit import configure_jax
+
+    configure_jax()
+    from sdsl_jax import pipeline
+
     log = Log(args.quiet)
     suffix = "" if args.text == "heldout" else "_hellaswag"
     paths = dict(pretraining=os.path.join(args.data, f"pretraining{suffix}.csv"),
@@ -246,34 +222,30 @@ def main(argv=None) -> int:
                  speculative=os.path.join(args.data, "speculative.csv"))
     try:
         runs, pairs = load_pretraining(paths["pretraining"]), load_acceptance(paths["acceptance"])
-        speculative = read_speculative(paths["speculative"])
-    except (DataError, FileNotFoundError, KeyError, ValueError) as e:
+        speculative = load_speculative(paths["speculative"])
+    except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = args.out or os.path.join(args.data, "closure")
     os.makedirs(out, exist_ok=True)
-    loss_fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=EPOCH_GRID[:: args.starts])
-    law = loss_fit.law
-    plane_fit = fit_acceptance_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, weights=pairs.regression_weights())
-    plane = plane_fit.plane
-    log(f"loss law: E {float(law.E):.3f} A {float(law.A):.4g} B {float(law.B):.4g} alpha {float(law.alpha):.3f} "
-        f"beta {float(law.beta):.3f}; plane A {float(plane.A):.4f} B {float(plane.B):.4f} C {float(plane.C):.3f} "
-        f"R^2 {float(plane_fit.r_squared):.3f} ({len(pairs)} pairs)")
-    laws = planes = None
+    family, model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
+    starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[:: args.starts]
+    point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts)
+    law, plane = point.law, point.plane
+    log(f"loss law ({family.name}): " + " ".join(f"{k} {v:.4g}" for k, v in law._asdict().items())
+        + f"; {model.name}: " + " ".join(f"{k} {v:.4g}" for k, v in plane._asdict().items())
+        + f" R^2 {point.plane_r_squared:.3f} ({len(pairs)} pairs)")
+    draws = None
     diagnostics = {}
     if args.posterior:
-        kw = dict(num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws, seed=args.seed,
-                  progress_bar=False)
-        law_run = bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=law, **kw)
-        plane_run = bayes.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha,
-                                       weights=pairs.regression_weights(), **kw)
-        diagnostics = dict(loss_law=law_run.diagnostics._asdict(), plane=plane_run.diagnostics._asdict())
-        laws = bayes.laws_from_posterior(_draws(law_run.samples, ("a", "b", "e", "alpha", "beta"), args.propagate,
-                                                args.seed))
-        planes = bayes.planes_from_posterior(_draws(plane_run.samples, ("A", "B", "C"), args.propagate, args.seed + 1))
-        log(f"posteriors: loss law R-hat {law_run.diagnostics.max_rhat:.3f}, plane R-hat "
-            f"{plane_run.diagnostics.max_rhat:.3f}")
-    records = close_loop(speculative, law, plane, laws=laws, planes=planes, perplexities=measured_perplexities(pairs))
+        # One seed for both posteriors: what the committed closure used.
+        post = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
+                                         num_samples=args.draws, seed=args.seed, plane_seed=args.seed)
+        diagnostics = {k: v._asdict() for k, v in post.diagnostics.items()}
+        draws = pipeline.paired_draws(post, count=args.propagate, seed=args.seed)
+        log(f"posteriors: loss law R-hat {post.diagnostics['loss_law'].max_rhat:.3f}, acceptance R-hat "
+            f"{post.diagnostics['plane'].max_rhat:.3f}")
+    records = close_loop(speculative, point, draws=draws, perplexities=measured_perplexities(pairs))
     table = markdown_table(records)
     print(table)
     with open(os.path.join(out, "closure.md.tmp"), "w") as f:
@@ -283,8 +255,9 @@ def main(argv=None) -> int:
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
         versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
+        law_family=family.name, acceptance_model=model.name,
         loss_law={k: float(v) for k, v in law._asdict().items()},
-        plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=float(plane_fit.r_squared),
+        plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=diagnostics, targets=records))
     if not args.no_figure:
         figure(records, os.path.join(out, "closure.png"))

@@ -3,12 +3,15 @@
     python -m experiments.fit                      # point fits on the shipped data
     python -m experiments.fit --posterior          # + NUTS posteriors and bands on N* (make fit)
     python -m experiments.fit --pretraining runs.csv --acceptance pairs.csv --posterior --out out/
+    python -m experiments.fit --dataset ladder --law broken --acceptance-model log-plane --recipe tokens-per-param=20
 
-Pipeline: (1) the loss law L(N, D) by the Epoch replication's multi-start Huber fit; (2) the
-acceptance plane by weighted least squares when acceptance data are given, otherwise the paper's
-plane SDSL2026 (and its influence on N* is shown as implicit-derivative elasticities); (3) N*(M)
-for a grid of targets and the linear law N* ~ mu M + M0; with --posterior, (4) NUTS posteriors of
-the loss law (and the plane), diagnostics, and bands on N*, M/N*, gamma*, T* and (mu, M0).
+Pipeline (sdsl_jax.pipeline): (1) the loss law L(N, D) by the Epoch replication's multi-start
+Huber fit (--law picks the form); (2) the acceptance model by weighted least squares when
+acceptance data are given, otherwise the paper's plane SDSL2026 (and its influence on N* is shown
+as implicit-derivative elasticities); (3) N*(M) for a grid of targets under the cost model (--cost)
+and draft recipe (--recipe), and the linear law N* ~ mu M + M0; with --posterior, (4) NUTS
+posteriors of the loss law (and the acceptance model), diagnostics, and bands on N*, M/N*, gamma*,
+T* and (mu, M0).
 
 Outputs in --out: summary.json, loss_law_posterior.nc (and plane_posterior.nc), and figures
 loss_law_fit.png, n_star_bands.png, throughput_curves.png (acceptance_plane.png when fitted).
@@ -18,51 +21,74 @@ Exit status: 0 on success, 2 for unusable input (the message names file, line an
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import sys
+import time
 
-# One CPU device per chain lets NUTS run its chains in parallel; must precede importing jax.
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+import numpy as np
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+from experiments.datasets import DATASETS
+from experiments.runlog import Log, sha256, versions, write_json
+from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
+                      TokensPerParameter)
+from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 
-import jax  # noqa: E402
-
-jax.config.update("jax_enable_x64", True)  # the Huber fit and N* need float64
-
-import numpy as np  # noqa: E402
-
-from experiments import fit_figures  # noqa: E402
-from experiments.runlog import Log, sha256, versions, write_json  # noqa: E402
-from sdsl_jax import SDSL2026, SDSL2026_LINEAR_LAW, AcceptancePlane, LossLaw, bayes, solve_draft_size  # noqa: E402
-from sdsl_jax.data import DataError, load_acceptance, load_pretraining  # noqa: E402
-from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, law_from_theta  # noqa: E402
-from sdsl_jax.optimum import fit_linear_law  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATASETS = {
-    "chinchilla": dict(pretraining=os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv"), acceptance=None,
-                       drop_highest_loss=5, m_min=1e10, m_max=1.1e11, targets=(13e9, 30e9, 70e9, 110e9),
-                       d_draft=1e12, d_target=1e12),
-    # Our ladder's scale: targets of 50k-2M parameters trained on ~1e6-1e7 bytes.
-    "ladder": dict(pretraining=os.path.join(REPO, "fits", "ladder", "pretraining.csv"),
-                   acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"), drop_highest_loss=0,
-                   m_min=5e4, m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=5e6, d_target=5e6),
-}
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
+RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-per-param=RHO (D = RHO N), " \
+          "compute=C (D = C / (6 N))"
+
+
+def configure_jax(*, devices: int = 4) -> None:
+    """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
+
+    ``devices`` CPU devices let NUTS run its chains in parallel; the flag only takes effect when
+    JAX has not started its backends yet (as in a fresh ``python -m``). Float64 is needed by the
+    Huber fit and N*.
+    """
+    import jax
+
+    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={devices}").strip()
+    jax.config.update("jax_enable_x64", True)
+
+
+def parse_recipe(spec: str, d_draft: float):
+    """``fixed`` | ``tokens-per-param=RHO`` | ``compute=C`` -> a recipe (ValueError with the reason)."""
+    name, _, value = spec.partition("=")
+    if name == "fixed" and not value:
+        return FixedTokens(d_draft)
+    if name in ("tokens-per-param", "compute") and value:
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--recipe {spec}: {value!r} is not a number") from None
+        if not (np.isfinite(number) and number > 0):
+            raise ValueError(f"--recipe {spec}: the value must be a positive finite number")
+        return TokensPerParameter(number) if name == "tokens-per-param" else FixedCompute(number)
+    raise ValueError(f"--recipe {spec!r} is not one of: {RECIPES}")
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.fit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=sorted(DATASETS), default="chinchilla",
-                   help="shipped data to use: 'chinchilla' (Hoffmann et al. Fig. 4 runs; plane fixed at the "
-                        "paper's) or 'ladder' (our trained models, fits/ladder/). Default: chinchilla")
+                   help="shipped data and its analysis defaults: " + "; ".join(
+                       f"'{d.name}': {d.description}" for d in DATASETS.values()) + ". Default: chinchilla")
+    p.add_argument("--law", choices=sorted(FAMILIES), default="chinchilla",
+                   help="loss-law form: " + "; ".join(f"'{f.name}': {f.description}" for f in FAMILIES.values())
+                   + ". Default: chinchilla")
+    p.add_argument("--acceptance-model", choices=sorted(ACCEPTANCE_MODELS), default="plane",
+                   help="acceptance model fitted to --acceptance data: " + "; ".join(
+                       f"'{m.name}': {m.description}" for m in ACCEPTANCE_MODELS.values()) + ". Default: plane")
+    p.add_argument("--cost", choices=sorted(COST_MODELS), default="flops",
+                   help="cost of an iteration: 'flops': 2N gamma + 2M, one verification pass (the paper's); "
+                        "'all-positions': 2N gamma + 2M (gamma + 1), the target charged per verified position "
+                        "(Leviathan et al. Thm 3.11). Default: flops")
+    p.add_argument("--recipe", default="fixed", metavar="SPEC",
+                   help=f"how draft training tokens follow draft size: {RECIPES}. Default: fixed")
     p.add_argument("--pretraining", metavar="PATH", help="pre-training runs CSV (schema sdsl-pretraining v1); "
                    "overrides the dataset's")
     p.add_argument("--acceptance", metavar="PATH", help="acceptance CSV (schema sdsl-acceptance v1); fits the "
@@ -78,7 +104,8 @@ def parse_args(argv):
     p.add_argument("--targets", type=float, nargs="+", metavar="M",
                    help="named targets for the table (chinchilla: 13e9 30e9 70e9 110e9; ladder: 1.2e5 2.6e5 "
                    "4.8e5 1.2e6)")
-    p.add_argument("--d-draft", type=float, help="draft training tokens D (chinchilla: 1e12; ladder: 5e6)")
+    p.add_argument("--d-draft", type=float, help="draft training tokens D with --recipe fixed (chinchilla: 1e12; "
+                   "ladder: 5e6)")
     p.add_argument("--d-target", type=float, help="target training tokens D' (chinchilla: 1e12; ladder: 5e6)")
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (4)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS warm-up iterations per chain (500)")
@@ -95,70 +122,34 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-class Stages:
-    """Finished units of work in ``<out>/stages/``, each keyed by a fingerprint of its inputs.
-
-    Written atomically when a unit ends; with ``--resume`` a unit whose fingerprint matches is
-    loaded instead of recomputed, so an interruption loses at most the unit in flight.
-    """
-
-    def __init__(self, out: str, resume: bool, inputs: dict):
-        self.dir, self.resume = os.path.join(out, "stages"), resume
-        self.inputs = json.dumps(inputs, sort_keys=True)
-        os.makedirs(self.dir, exist_ok=True)
-
-    def _key(self, name: str) -> str:
-        return hashlib.sha256(f"{name}|{self.inputs}".encode()).hexdigest()
-
-    def load(self, name: str) -> dict | None:
-        path = os.path.join(self.dir, name + ".npz")
-        if not (self.resume and os.path.exists(path)):
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            if str(data["fingerprint"]) != self._key(name):
-                return None
-            return {k: data[k] for k in data.files if k != "fingerprint"}
-
-    def save(self, name: str, **arrays) -> None:
-        path = os.path.join(self.dir, name + ".npz")
-        with open(path + ".tmp", "wb") as f:
-            np.savez(f, fingerprint=self._key(name), **arrays)
-        os.replace(path + ".tmp", path)
-
-
-def sample_with_stage(stages, name, nc_path, sample):
-    """Run ``sample()`` (a bayes.sample_* call) unless ``stages`` holds its finished result."""
-    cached = stages.load(name)
-    if cached is not None and os.path.exists(nc_path):
-        samples = {k[2:]: v for k, v in cached.items() if k.startswith("s_")}
-        diagnostics = bayes.Diagnostics(**json.loads(str(cached["diagnostics"])))
-        return bayes.PosteriorRun(samples, bayes.az.from_netcdf(nc_path), diagnostics), True
-    run = sample()
-    bayes.save_inference_data(run.inference_data, nc_path)
-    stages.save(name, diagnostics=json.dumps(run.diagnostics._asdict()), **{f"s_{k}": v for k, v in run.samples.items()})
-    return run, False
-
-
 def interval(draws, level=0.9):
     lo, med, hi = np.nanquantile(np.asarray(draws), [(1 - level) / 2, 0.5, (1 + level) / 2])
     return dict(median=float(med), lo90=float(lo), hi90=float(hi))
 
 
 def run(args) -> int:
+    from sdsl_jax import pipeline  # after configure_jax: the pipeline's compiled code is float64
+
     log = Log(args.quiet)
     dataset = DATASETS[args.dataset]
     for name in ("m_min", "m_max", "targets", "d_draft", "d_target"):
         if getattr(args, name) is None:
-            setattr(args, name, dataset[name])
-    pre_path = args.pretraining or dataset["pretraining"]
-    acc_path = args.acceptance or (dataset["acceptance"] if not args.pretraining else None)
+            setattr(args, name, getattr(dataset, name))
+    pre_path = args.pretraining or dataset.pretraining
+    acc_path = args.acceptance or (dataset.acceptance if not args.pretraining else None)
     drop = args.drop_highest_loss if args.drop_highest_loss is not None else (
-        dataset["drop_highest_loss"] if not args.pretraining else 0)
+        dataset.drop_highest_loss if not args.pretraining else 0)
     if args.num_targets < 2 or not 0 < args.m_min < args.m_max:
         raise SystemExit("error: need --num-targets >= 2 and 0 < --m-min < --m-max")
     for name in ("d_draft", "d_target"):
         if not getattr(args, name) > 0:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be > 0")
+    try:
+        recipe = parse_recipe(args.recipe, args.d_draft)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    family, acceptance_model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
+    cost = COST_MODELS[args.cost]
     os.makedirs(args.out, exist_ok=True)
 
     runs = load_pretraining(pre_path)
@@ -172,9 +163,6 @@ def run(args) -> int:
         + (f"; {len(acceptance)} acceptance pairs from {os.path.relpath(acc_path)}" if acceptance else
            "; no acceptance data: plane fixed at SDSL2026"))
 
-    # (1) loss law, point fit.
-    starts = EPOCH_GRID[:: args.starts] if args.starts else EPOCH_GRID
-
     last = [0.0]
 
     def progress(rnd, active, total):
@@ -183,44 +171,31 @@ def run(args) -> int:
             last[0] = now
             log(f"loss law: L-BFGS round {rnd}, {active}/{total} starts still running")
 
-    stages = Stages(args.out, args.resume, dict(
-        pretraining=sha256(pre_path), acceptance=sha256(acc_path) if acc_path else None, drop=drop,
-        starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed))
-    point = stages.load("point_fit")
-    if point is None:
-        fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=starts, progress=progress)
-        point = dict(theta=np.asarray(fit.theta), value=np.asarray(fit.result.value),
-                     converged=np.asarray(fit.result.converged))
-        stages.save("point_fit", **point)
-    else:
-        log("loss law: point fit reused from an earlier run (--resume)")
-    law = LossLaw(*(float(v) for v in law_from_theta(point["theta"])))
-    fit_value, fit_converged = float(point["value"]), bool(point["converged"])
-    log("loss law: E={:.4f} A={:.2f} B={:.2f} alpha={:.4f} beta={:.4f} (objective {:.6g}, {})".format(
-        *(float(v) for v in law), fit_value, "converged" if fit_converged else "NOT converged"))
-
-    # (2) plane.
-    if acceptance is not None:
-        plane_fit = fit_acceptance_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
-                                         weights=acceptance.regression_weights())
-        plane = AcceptancePlane(*(float(v) for v in plane_fit.plane))
-        plane_info = dict(source="fitted (weighted least squares)", r_squared=float(plane_fit.r_squared))
-        log(f"plane: A={plane.A:.5f} B={plane.B:.5f} C={plane.C:.4f} R^2={float(plane_fit.r_squared):.3f}")
-    else:
-        plane = SDSL2026
-        plane_info = dict(source="SDSL2026 (paper's values, fixed: no acceptance data)")
-
-    # (3) N*(M).
+    log_d = (np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))
+    all_starts = family.starts(*log_d)
+    starts = all_starts[:: args.starts] if args.starts else all_starts
+    fingerprint = dict(pretraining=sha256(pre_path), acceptance=sha256(acc_path) if acc_path else None, drop=drop,
+                       starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed)
+    if family.name != "chinchilla" or acceptance_model.name != "plane":  # keeps earlier runs' stages valid
+        fingerprint.update(law=family.name, acceptance_model=acceptance_model.name)
+    stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
-    kw = dict(d_draft=args.d_draft, d_target=args.d_target)
-    grid_sol = solve_draft_size(m_grid, loss=law, plane=plane, **kw)
-    named_sol = solve_draft_size(named, loss=law, plane=plane, **kw)
-    line = fit_linear_law(m_grid, grid_sol.n_star) if np.isfinite(grid_sol.n_star).sum() >= 2 else None
+    result = pipeline.run(
+        runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
+        acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
+        num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
+        progress_bar=not args.quiet, fit_progress=progress, log=log)
+    point, post, pred = result.point, result.posterior, result.prediction
+    grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
     log(f"N*: solved {len(m_grid) - failed}/{len(m_grid)} grid targets"
         + (f"; mu={float(line.mu):.4e} M0={float(line.m0):.4e}" if line else ""))
 
+    plane = point.plane
+    plane_info = (dict(source="fitted (weighted least squares)", model=acceptance_model.name,
+                       r_squared=point.plane_r_squared) if point.plane_fitted
+                  else dict(source="SDSL2026 (paper's values, fixed: no acceptance data)", model="plane"))
     summary = dict(
         command="python -m experiments.fit " + " ".join(args.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -229,12 +204,13 @@ def run(args) -> int:
                                    dropped_highest_loss=drop),
                   acceptance=dict(path=os.path.relpath(acc_path), sha256=sha256(acc_path), pairs=len(acceptance))
                   if acceptance else None),
-        settings=dict(d_draft=args.d_draft, d_target=args.d_target, m_grid=[float(args.m_min), float(args.m_max),
-                      args.num_targets], starts=len(starts), chains=args.chains, warmup=args.warmup,
-                      draws=args.draws),
-        loss_law=dict(E=float(law.E), A=float(law.A), B=float(law.B), alpha=float(law.alpha), beta=float(law.beta),
-                      objective=fit_value, converged=fit_converged),
-        plane=dict(A=float(plane.A), B=float(plane.B), C=float(plane.C), **plane_info),
+        settings=dict(dataset=dataset.name, law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
+                      recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
+                      m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=len(starts),
+                      chains=args.chains, warmup=args.warmup, draws=args.draws),
+        loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=family.name,
+                      objective=point.objective, converged=point.converged),
+        plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
         targets=[dict(m_target=float(m), n_star=float(named_sol.n_star[i]), gamma_star=float(named_sol.gamma_star[i]),
@@ -245,34 +221,9 @@ def run(args) -> int:
                   gamma_star=np.asarray(grid_sol.gamma_star).tolist()),
     )
 
-    bands = None
     strict_failure = False
-    if args.posterior:
-        log(f"posterior: NUTS on the loss law, {args.chains} chains x ({args.warmup} warm-up + {args.draws} draws)")
-        post, reused = sample_with_stage(
-            stages, "loss_law_posterior", os.path.join(args.out, "loss_law_posterior.nc"),
-            lambda: bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=law, num_chains=args.chains,
-                                          num_warmup=args.warmup, num_samples=args.draws, seed=args.seed,
-                                          progress_bar=not args.quiet))
-        if reused:
-            log("posterior: loss-law draws reused from an earlier run (--resume)")
-        diagnostics = {"loss_law": post.diagnostics._asdict()}
-        laws = bayes.laws_from_posterior(post.samples)
-        planes = plane
-        if acceptance is not None:
-            log("posterior: NUTS on the acceptance plane")
-            plane_post, _ = sample_with_stage(
-                stages, "plane_posterior", os.path.join(args.out, "plane_posterior.nc"),
-                lambda: bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
-                                           weights=acceptance.regression_weights(), num_chains=args.chains,
-                                           num_warmup=args.warmup, num_samples=args.draws, seed=args.seed + 1,
-                                           progress_bar=not args.quiet))
-            diagnostics["plane"] = plane_post.diagnostics._asdict()
-            planes = bayes.planes_from_posterior(plane_post.samples)
-            # Pair each loss-law draw with a plane draw (independent posteriors).
-            n = min(len(laws.E), len(planes.A))
-            laws = type(laws)(*(v[:n] for v in laws))
-            planes = type(planes)(*(v[:n] for v in planes))
+    if post is not None:
+        diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
         for name, diag in diagnostics.items():
             if diag["ok"]:
                 log(f"diagnostics ({name}): OK (max R-hat {diag['max_rhat']:.3f}, min bulk ESS "
@@ -282,15 +233,11 @@ def run(args) -> int:
                 banner = "!" * 78
                 log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
                     f"Do not trust its bands; run longer (--warmup/--draws) or more chains.\n{banner}")
-
-        log("propagating posterior draws to N*(M)")
-        bands = bayes.propagate_draft_size(m_grid, laws, planes, **kw,
-                                           progress=lambda d, t: log(f"  {d}/{t} draws solved"))
-        named_bands = bayes.propagate_draft_size(named, laws, planes, **kw)
+        bands, nb = pred.bands, pred.target_bands
+        laws, planes = pipeline.paired_draws(post)
         q = list(bands.quantiles)
         i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
         for j, target in enumerate(summary["targets"]):
-            nb = named_bands
             target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
                           n_star_hi90=float(nb.n_star[i95, j]),
                           m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
@@ -301,22 +248,24 @@ def run(args) -> int:
         summary["posterior"] = dict(
             diagnostics=diagnostics,
             loss_law={k: interval(v) for k, v in laws._asdict().items()},
-            plane={k: interval(v) for k, v in planes._asdict().items()} if acceptance is not None else "fixed",
+            plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
             linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
             bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
                        m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
                        tokens_per_flop=bands.throughput.tolist(), failed_fraction=bands.failed_fraction.tolist()),
         )
-    if acceptance is None:
-        sens = bayes.plane_sensitivity(named, law=law, plane=plane, **kw)
+    if result.sensitivity is not None:
         summary["plane_sensitivity"] = dict(
             meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
-            m_target=named.tolist(), **{k: v.tolist() for k, v in sens.items()})
+            m_target=named.tolist(), **{k: v.tolist() for k, v in result.sensitivity.items()})
 
     write_json(os.path.join(args.out, "summary.json"), summary)
     if not args.no_figures:
-        made = fit_figures.make_all(args.out, runs=runs, law=law, plane=plane, acceptance=acceptance,
-                                    grid=(m_grid, np.asarray(grid_sol.n_star)), bands=bands, line=line, **kw)
+        from sdsl_jax import figures
+
+        made = figures.fit_figures(args.out, result, runs=runs, acceptance=acceptance, d_target=args.d_target,
+                                   recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
+                                   caption="python -m experiments.fit " + " ".join(args.argv))
         log("figures: " + ", ".join(os.path.relpath(p) for p in made))
     print_table(summary, args)
     log(f"wrote {os.path.relpath(os.path.join(args.out, 'summary.json'))}")
@@ -324,13 +273,10 @@ def run(args) -> int:
 
 
 def size(n: float) -> str:
-    """A parameter count with a readable unit: 293.6M, 70B, 35.3k."""
-    if not np.isfinite(n):
-        return "nan"
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.4g}{unit}" if unit != "M" or abs(n) < 1e8 else f"{n / scale:.1f}{unit}"
-    return f"{n:.3g}"
+    """A parameter count with a readable unit (one home: ``sdsl_jax.figures.format_size``)."""
+    from sdsl_jax.figures import format_size
+
+    return format_size(n)
 
 
 def print_table(summary, args) -> None:
@@ -338,15 +284,15 @@ def print_table(summary, args) -> None:
         return
     post = summary.get("posterior")
     law = summary["loss_law"]
-    print("\nLoss law (point fit" + (", posterior median [90% interval]" if post else "") + "):")
-    for k in ("E", "A", "B", "alpha", "beta"):
+    print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
+    for k in [k for k in law if k not in ("family", "objective", "converged")]:
         extra = ""
         if post:
             i = post["loss_law"][k]
             extra = f"   {i['median']:.4g} [{i['lo90']:.4g}, {i['hi90']:.4g}]"
         print(f"  {k:>5} = {law[k]:<10.5g}{extra}")
     p = summary["plane"]
-    print(f"Acceptance plane: A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
+    print(f"Acceptance ({p['model']}): A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
     print("\n  target M |     N* (point) |  N* median [90% band]         |  M/N* | gamma* | alpha")
     for t in summary["targets"]:
         band = (f"{size(t['n_star_median']):>8} [{size(t['n_star_lo90'])}, {size(t['n_star_hi90'])}]"
@@ -372,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.argv = argv
+    configure_jax()
     try:
         return run(args)
     except DataError as err:

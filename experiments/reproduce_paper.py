@@ -14,12 +14,9 @@ import argparse
 import sys
 
 import jax
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)  # N* is weakly identified: solve it in float64
-
-import numpy as np  # noqa: E402
-
-from sdsl_jax import (  # noqa: E402
+from sdsl_jax import (
     BESIROGLU2024,
     HOFFMANN2022,
     SDSL2026,
@@ -34,6 +31,7 @@ PRESETS = {"HOFFMANN2022": HOFFMANN2022, "BESIROGLU2024": BESIROGLU2024}
 
 
 def main(argv: list[str] | None = None) -> int:
+    jax.config.update("jax_enable_x64", True)  # set here, not at import: float64 for this run
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce_paper", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=float, default=1e12, help="D = D' (default 1e12)")

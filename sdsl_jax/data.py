@@ -36,6 +36,34 @@ Acceptance measurements, ``sdsl-acceptance v1``:
   source        no        where the row comes from
   ============  ========  ======================================================
 
+Speculative-decoding runs, ``sdsl-speculative v1`` (one row per (target, draft, gamma), written by
+``experiments.measure``; all counts summed over the prompts):
+
+  ==================================  ========  ===============================================
+  target, draft                       yes       model names
+  n_target, n_draft                   yes       parameters M and N, > 0
+  d_target, d_draft                   yes       training tokens D' and D, > 0
+  gamma                               yes       lookahead, integer >= 1
+  iterations                          yes       speculative iterations, integer >= 1
+  accepted                            yes       accepted draft tokens, integer >= 0
+  alpha_mle                           yes       MLE of alpha from the accepted counts, in [0, 1]
+  tokens_per_flop_sdsl                yes       measured tokens per FLOP under the SDSL cost, > 0
+  prompts, new_tokens                 no        prompts decoded and tokens generated, integers >= 1
+  accepted_over_drafted               no        accepted / drafted (NOT alpha), in [0, 1]
+  tau                                 no        mean tokens per iteration, >= 1
+  histogram                           no        counts of 0..gamma accepted tokens, ';'-separated
+  draft_calls, target_calls           no        forward calls of each model, integers >= 0
+  predicted_tokens_per_flop_sdsl      no        T(gamma; alpha_mle) under the SDSL cost, > 0
+  target_alone_tokens_per_flop_sdsl   no        1 / (2 M), > 0
+  tokens_per_flop_xla                 no        tokens per FLOP counted by XLA's cost analysis, > 0
+  target_alone_tokens_per_flop_xla    no        the same for the target alone, > 0
+  seconds_median, seconds_iqr         no        wall-clock of a decoding run, median and IQR, >= 0
+  tokens_per_second                   no        tokens per second (median), > 0
+  target_alone_tokens_per_second      no        the target alone, > 0
+  wallclock_speedup                   no        tokens_per_second / target_alone_tokens_per_second, > 0
+  repeats                             no        timed repeats, integer >= 1
+  ==================================  ========  ===============================================
+
 Every problem is a :class:`DataError` that names the file, the line and the column and shows the
 offending value. Saving is atomic (a temporary file renamed into place).
 """
@@ -55,12 +83,15 @@ __all__ = [
     "DataError",
     "PretrainingRuns",
     "AcceptanceMeasurements",
+    "SpeculativeRuns",
     "load_pretraining",
     "load_acceptance",
+    "load_speculative",
     "save_pretraining",
     "save_acceptance",
     "PRETRAINING_SCHEMA",
     "ACCEPTANCE_SCHEMA",
+    "SPECULATIVE_SCHEMA",
 ]
 
 SCHEMA_VERSION = 1
@@ -90,6 +121,8 @@ _PERPLEXITY = (lambda v: v >= 1, "must be >= 1 (a perplexity)")
 _PROBABILITY = (lambda v: 0 < v < 1, "must be in the open interval (0, 1)")
 _AT_LEAST_ONE = (lambda v: v >= 1, "must be an integer >= 1")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1]")
+_AT_LEAST_ONE_FLOAT = (lambda v: v >= 1, "must be >= 1")
 
 
 def _col(name, kind, required, check=(None, "")):
@@ -121,6 +154,38 @@ ACCEPTANCE_SCHEMA = (
     _col("weight", "float", False, _POSITIVE),
     _col("temperature", "float", False, _NON_NEGATIVE),
     _col("source", "str", False),
+)
+
+
+SPECULATIVE_SCHEMA = (
+    _col("target", "str", True),
+    _col("draft", "str", True),
+    _col("n_target", "float", True, _POSITIVE),
+    _col("n_draft", "float", True, _POSITIVE),
+    _col("d_target", "float", True, _POSITIVE),
+    _col("d_draft", "float", True, _POSITIVE),
+    _col("gamma", "int", True, _AT_LEAST_ONE),
+    _col("prompts", "int", False, _AT_LEAST_ONE),
+    _col("new_tokens", "int", False, _AT_LEAST_ONE),
+    _col("iterations", "int", True, _AT_LEAST_ONE),
+    _col("accepted", "int", True, _NON_NEGATIVE),
+    _col("alpha_mle", "float", True, _UNIT),
+    _col("accepted_over_drafted", "float", False, _UNIT),
+    _col("tau", "float", False, _AT_LEAST_ONE_FLOAT),
+    _col("histogram", "str", False),
+    _col("draft_calls", "int", False, _NON_NEGATIVE),
+    _col("target_calls", "int", False, _NON_NEGATIVE),
+    _col("tokens_per_flop_sdsl", "float", True, _POSITIVE),
+    _col("predicted_tokens_per_flop_sdsl", "float", False, _POSITIVE),
+    _col("target_alone_tokens_per_flop_sdsl", "float", False, _POSITIVE),
+    _col("tokens_per_flop_xla", "float", False, _POSITIVE),
+    _col("target_alone_tokens_per_flop_xla", "float", False, _POSITIVE),
+    _col("seconds_median", "float", False, _NON_NEGATIVE),
+    _col("seconds_iqr", "float", False, _NON_NEGATIVE),
+    _col("tokens_per_second", "float", False, _POSITIVE),
+    _col("target_alone_tokens_per_second", "float", False, _POSITIVE),
+    _col("wallclock_speedup", "float", False, _POSITIVE),
+    _col("repeats", "int", False, _AT_LEAST_ONE),
 )
 
 
@@ -174,6 +239,47 @@ class AcceptanceMeasurements:
         return np.where(np.isfinite(w), w, 1.0)
 
     def select(self, mask: np.ndarray) -> "AcceptanceMeasurements":
+        return _select(self, mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeRuns:
+    """Speculative-decoding runs (schema ``sdsl-speculative v1``); one field per column."""
+
+    target: tuple[str, ...]
+    draft: tuple[str, ...]
+    n_target: np.ndarray
+    n_draft: np.ndarray
+    d_target: np.ndarray
+    d_draft: np.ndarray
+    gamma: np.ndarray
+    prompts: np.ndarray
+    new_tokens: np.ndarray
+    iterations: np.ndarray
+    accepted: np.ndarray
+    alpha_mle: np.ndarray
+    accepted_over_drafted: np.ndarray
+    tau: np.ndarray
+    histogram: tuple[str | None, ...]
+    draft_calls: np.ndarray
+    target_calls: np.ndarray
+    tokens_per_flop_sdsl: np.ndarray
+    predicted_tokens_per_flop_sdsl: np.ndarray
+    target_alone_tokens_per_flop_sdsl: np.ndarray
+    tokens_per_flop_xla: np.ndarray
+    target_alone_tokens_per_flop_xla: np.ndarray
+    seconds_median: np.ndarray
+    seconds_iqr: np.ndarray
+    tokens_per_second: np.ndarray
+    target_alone_tokens_per_second: np.ndarray
+    wallclock_speedup: np.ndarray
+    repeats: np.ndarray
+    path: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.gamma)
+
+    def select(self, mask: np.ndarray) -> "SpeculativeRuns":
         return _select(self, mask)
 
 
@@ -247,6 +353,11 @@ def load_pretraining(path: str | os.PathLike) -> PretrainingRuns:
 def load_acceptance(path: str | os.PathLike) -> AcceptanceMeasurements:
     """Load and validate acceptance measurements; raises :class:`DataError`."""
     return AcceptanceMeasurements(**_to_arrays(_load(path, ACCEPTANCE_SCHEMA), ACCEPTANCE_SCHEMA), path=os.fspath(path))
+
+
+def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:
+    """Load and validate speculative-decoding runs; raises :class:`DataError`."""
+    return SpeculativeRuns(**_to_arrays(_load(path, SPECULATIVE_SCHEMA), SPECULATIVE_SCHEMA), path=os.fspath(path))
 
 
 def _format(value: Any, kind: str) -> str:

@@ -21,7 +21,6 @@ x64 is enabled and say so otherwise.
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Any, Callable, NamedTuple
 
 import jax

@@ -114,6 +114,6 @@ def test_ladder_dataset_fits_the_committed_ladder(tmp_path):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["plane"]["source"].startswith("fitted")
-    assert [t["m_target"] for t in summary["targets"]] == list(fit_cli.DATASETS["ladder"]["targets"])
+    assert [t["m_target"] for t in summary["targets"]] == list(fit_cli.DATASETS["ladder"].targets)
     assert summary["data"]["pretraining"]["path"].endswith(os.path.join("fits", "ladder", "pretraining.csv"))
     assert summary["data"]["acceptance"]["pairs"] > 20

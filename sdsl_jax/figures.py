@@ -1,0 +1,145 @@
+"""Figures of a pipeline result (each caption names the command that made it).
+
+Matplotlib's object-oriented API only (no pyplot, no global backend switch), so importing this
+module changes no global state. Scales and targets come from the result being drawn, never from
+the paper: the paper's line N* = mu M + M0 is drawn only when asked (``compare_to_paper``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from sdsl_jax.costs import SDSL_FLOPS
+from sdsl_jax.loss_laws import pretraining_loss
+from sdsl_jax.objective import draft_throughput
+from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
+
+__all__ = ["format_size", "loss_law_figure", "n_star_figure", "throughput_figure", "acceptance_figure",
+           "fit_figures"]
+
+
+def format_size(n: float) -> str:
+    """A parameter count with a readable unit: 293.6M, 70B, 35.3k."""
+    if not np.isfinite(n):
+        return "nan"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.4g}{unit}" if unit != "M" or abs(n) < 1e8 else f"{n / scale:.1f}{unit}"
+    return f"{n:.3g}"
+
+
+def _save(fig: Figure, path: str, caption: str) -> str:
+    fig.text(0.99, 0.005, f"made by: {caption}", ha="right", va="bottom", fontsize=6, color="0.4")
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=130, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def _law_title(law, family_name: str) -> str:
+    return f"{family_name}: " + ", ".join(f"{k}={float(v):.4g}" for k, v in law._asdict().items())
+
+
+def loss_law_figure(path: str, runs, law, *, family_name: str, caption: str) -> str:
+    """Runs and the fitted law at three budgets (left), residuals in log loss (right)."""
+    fig = Figure(figsize=(12, 4.2))
+    ax, res = fig.subplots(1, 2, gridspec_kw=dict(wspace=0.35))
+    log_d = np.log10(runs.n_tokens)
+    cmap = "viridis"
+    sc = ax.scatter(runs.n_params, runs.loss, c=log_d, s=12, cmap=cmap, label="runs")
+    span = max(np.ptp(log_d), 1e-12)
+    n = np.geomspace(runs.n_params.min() / 1.5, runs.n_params.max() * 1.5, 200)
+    for q in np.quantile(runs.n_tokens, [0.1, 0.5, 0.9]):
+        ax.plot(n, pretraining_loss(n, q, law), color=sc.cmap((np.log10(q) - log_d.min()) / span), lw=1.5)
+    ax.set(xscale="log", xlabel="parameters N", ylabel="final loss (nats/token)")
+    ax.set_title(_law_title(law, family_name), fontsize=8)
+    fig.colorbar(sc, ax=ax, label="log10 D (training tokens)")
+    ax.text(0.98, 0.97, "lines: the law at the 10/50/90%\nquantiles of D", transform=ax.transAxes, ha="right",
+            va="top", fontsize=8)
+    residual = np.log(runs.loss) - np.log(np.asarray(pretraining_loss(runs.n_params, runs.n_tokens, law)))
+    res.scatter(runs.n_params, residual, s=10, c=log_d, cmap=cmap)
+    res.axhline(0, color="k", lw=0.8)
+    res.set(xscale="log", xlabel="parameters N", ylabel="log L - log L_hat", title="residuals")
+    return _save(fig, path, caption)
+
+
+def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str) -> str:
+    """N*(M) at the point fit, the posterior bands, the fitted line (and the paper's, when asked)."""
+    m, n_star, bands, line = prediction.m_grid, np.asarray(prediction.grid.n_star), prediction.bands, \
+        prediction.linear_law
+    fig = Figure(figsize=(6.5, 4.5))
+    ax = fig.subplots()
+    if bands is not None:
+        q = list(bands.quantiles)
+        ax.fill_between(m, bands.n_star[q.index(0.05)], bands.n_star[q.index(0.95)], alpha=0.2, color="C0",
+                        label="posterior 90% band")
+        ax.fill_between(m, bands.n_star[q.index(0.25)], bands.n_star[q.index(0.75)], alpha=0.35, color="C0",
+                        label="50% band")
+        ax.plot(m, bands.n_star[q.index(0.5)], color="C0", lw=1, ls=":", label="posterior median")
+    ax.plot(m, n_star, color="C0", lw=2, label="N* at the point fit")
+    if line is not None:
+        ax.plot(m, float(line.mu) * m + float(line.m0), color="C2", lw=1,
+                label=f"fitted line: mu={float(line.mu):.3g}, M0={float(line.m0):.3g}")
+    if compare_to_paper:
+        mu, m0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
+        ax.plot(m, mu * m + m0, "k--", lw=1, label=f"SDSL paper: {mu:.3g} M + {m0:.3g}")
+    ax.set(xlabel="target size M (parameters)", ylabel="optimal draft size N*", title="N*(M)")
+    ax.legend(fontsize=8)
+    return _save(fig, path, caption)
+
+
+def throughput_figure(path: str, point, targets, named, *, d_target: float, recipe: Any, cost: Any = SDSL_FLOPS,
+                      caption: str) -> str:
+    """T(N) / T(N*) around each named target's N*: how flat the optimum is."""
+    fig = Figure(figsize=(6.5, 4.5))
+    ax = fig.subplots()
+    ratio = np.geomspace(1 / 16, 8, 300)
+    for i, m in enumerate(np.asarray(targets)):
+        n_star = float(named.n_star[i])
+        if not np.isfinite(n_star):
+            continue
+        t = draft_throughput(ratio * n_star, m, d_target=d_target, recipe=recipe, loss=point.law, plane=point.plane,
+                             cost=cost)
+        ax.plot(ratio, np.asarray(t) / float(named.throughput[i]),
+                label=f"M = {format_size(m)}, N* = {format_size(n_star)}")
+    ax.axvline(0.5, color="0.6", lw=0.8, ls=":")
+    ax.axvline(2.0, color="0.6", lw=0.8, ls=":")
+    ax.set(xscale="log", xlabel="N / N*", ylabel="T(N) / T(N*)", ylim=(0.6, 1.01),
+           title="How flat the optimum is: T around N* for each target")
+    ax.legend(fontsize=8)
+    return _save(fig, path, caption)
+
+
+def acceptance_figure(path: str, acceptance, plane, *, model_name: str, caption: str) -> str:
+    """Measured alpha against the fitted acceptance model."""
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
+    pred = np.asarray(plane.rate(acceptance.ppl_draft, acceptance.ppl_target))
+    sc = ax.scatter(pred, acceptance.alpha, c=np.log10(acceptance.n_target), s=18, cmap="plasma")
+    lo, hi = min(pred.min(), acceptance.alpha.min()), max(pred.max(), acceptance.alpha.max())
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    fig.colorbar(sc, ax=ax, label="log10 target parameters")
+    ax.set(xlabel=f"{model_name}: A={float(plane.A):.4f}, B={float(plane.B):.4f}, C={float(plane.C):.3f}",
+           ylabel="measured alpha", title="Acceptance model")
+    return _save(fig, path, caption)
+
+
+def fit_figures(out: str, result, *, runs, acceptance, d_target: float, recipe: Any, cost: Any = SDSL_FLOPS,
+                compare_to_paper: bool, caption: str) -> list[str]:
+    """Every figure of a :class:`sdsl_jax.pipeline.PipelineResult` into ``out``; returns the paths."""
+    point, pred = result.point, result.prediction
+    made = [
+        loss_law_figure(os.path.join(out, "loss_law_fit.png"), runs, point.law, family_name=point.family.name,
+                        caption=caption),
+        n_star_figure(os.path.join(out, "n_star_bands.png"), pred, compare_to_paper=compare_to_paper, caption=caption),
+        throughput_figure(os.path.join(out, "throughput_curves.png"), point, pred.targets, pred.named,
+                          d_target=d_target, recipe=recipe, cost=cost, caption=caption),
+    ]
+    if acceptance is not None and point.plane_fitted:
+        made.append(acceptance_figure(os.path.join(out, "acceptance_plane.png"), acceptance, point.plane,
+                                      model_name=point.acceptance_model.name, caption=caption))
+    return made
