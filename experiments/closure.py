@@ -86,7 +86,7 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
             fastest_wallclock=spec.draft[fastest], fastest_wallclock_gamma=int(spec.gamma[fastest]),
             fastest_wallclock_speedup=float(spec.wallclock_speedup[fastest]),
             n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
-            gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / (2 * m),
+            gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / SDSL_FLOPS.verification(m, 1),
             # What following the law costs: measured T of the predicted-best draft over the best measured T.
             measured_fraction_of_best=(float(measured_t[pred_idx] / measured_t.max()) if pred_idx is not None
                                        else float("nan")),

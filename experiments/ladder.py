@@ -41,10 +41,10 @@ import optax
 from flax import nnx
 
 from experiments.corpus import BLOCK, HOLDOUT_EVERY, hellaswag_prompts, load_corpus
-from experiments.measure_core import text_nll, windows
 from experiments.runlog import Log, versions, write_json
-from experiments.train import (checkpoint_manager, data_mesh, init_train_state, make_train_step, restore_latest,
-                               run_steps, wsd_schedule)
+from experiments.train import data_mesh, init_train_state, make_train_step, run_steps, wsd_schedule
+from sdsl_jax.checkpoint import checkpoint_manager, restore_latest
+from sdsl_jax.measure import text_nll, windows
 from sdsl_jax.model import Transformer, TransformerConfig, count_params
 
 

@@ -13,7 +13,7 @@ every budget of every smaller rung):
 For every pair of longest-budget models, speculative sampling (temperature 1) at each ``--gammas``
 on ``--prompts`` HellaSwag prompts (the last ``--prompt-len`` bytes of each context,
 ``--new-tokens`` generated): accepted counts per iteration, their histogram, the alpha MLE
-``sum K / (sum K + #rejections)`` (DESIGN.md), mean accepted length tau, calls; tokens per FLOP
+``sum K / (sum K + #rejections)`` (docs/theory.md), mean accepted length tau, calls; tokens per FLOP
 achieved under the SDSL cost model (2N per draft token, 2M per verification pass) and under XLA's
 own cost analysis of the compiled calls; and wall-clock tokens per second against the target
 alone: medians over ``--repeats`` repeats, methods interleaved in a rotating order within each
@@ -46,9 +46,9 @@ import numpy as np
 from experiments.corpus import hellaswag_prompts, load_corpus
 from experiments.ladder import PRESETS, EvalText, load_model
 from experiments.runlog import Log, sha256, versions, write_json
-from sdsl_jax import throughput
+from sdsl_jax import SDSL_FLOPS, throughput
 from sdsl_jax.acceptance import acceptance_from_distributions
-from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, save_acceptance, save_pretraining
+from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, load_speculative, save_acceptance, save_pretraining
 from sdsl_jax.decoding import autoregressive_generate, speculative_generate, summarize_runs
 from sdsl_jax.model import TransformerConfig, init_cache
 
@@ -215,11 +215,11 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
                 draft_calls=summary.draft_calls, target_calls=summary.target_calls,
                 tokens_per_flop_sdsl=tokens / flops_spec_sdsl,
                 predicted_tokens_per_flop_sdsl=float(throughput(alpha_mle, gamma, n, m)),
-                target_alone_tokens_per_flop_sdsl=1 / (2 * m),
+                target_alone_tokens_per_flop_sdsl=1 / SDSL_FLOPS.verification(m, 1),
                 tokens_per_flop_xla=tokens / flops_spec_xla, target_alone_tokens_per_flop_xla=1 / flops_t1))
             runners.append(run)
             log(f"  {draft_rec['name']} -> {target_rec['name']} gamma {gamma}: alpha MLE {alpha_mle:.3f}, "
-                f"tau {tokens / iterations:.2f}, tokens/FLOP x{2 * m * tokens / flops_spec_sdsl:.2f} of the "
+                f"tau {tokens / iterations:.2f}, tokens/FLOP x{SDSL_FLOPS.verification(m, 1) * tokens / flops_spec_sdsl:.2f} of the "
                 f"target alone (SDSL cost), x{flops_t1 * tokens / flops_spec_xla:.2f} (XLA FLOPs)")
         # Wall-clock: every method on the same prompts and keys; rotating order inside each repeat.
         methods = [run_target] + runners  # index 0: the target alone
@@ -341,6 +341,7 @@ def main(argv=None) -> int:
     log(f"wrote pretraining / acceptance CSVs ({len(registry['models'])} runs, {len(pairs)} pairs) to {out}")
     spec = speculative_runs(models, args, log, os.path.join(out, "stages", "speculative.jsonl"))
     _write_csv(os.path.join(out, "speculative.csv"), spec)
+    load_speculative(os.path.join(out, "speculative.csv"))  # what we wrote follows sdsl-speculative v1
     write_json(os.path.join(out, "measure.json"), dict(
         command="python -m experiments.measure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

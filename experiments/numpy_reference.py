@@ -1,6 +1,6 @@
 """Independent NumPy/SciPy version of the SDSL objective: the oracle for tests and benchmarks.
 
-Written straight from DESIGN.md's formulas with ``scipy.special.lambertw`` and
+Written straight from docs/theory.md's formulas with ``scipy.special.lambertw`` and
 ``scipy.optimize``, sharing no code with ``sdsl_jax``: the library is checked against it, and
 the benchmarks time it as "the obvious alternative". Valid where ``alpha^(r-1)`` does not
 underflow in float64 (r up to a few thousand at typical alpha), which covers the paper's range.
@@ -14,7 +14,7 @@ import scipy.special
 
 
 def optimal_lookahead(alpha, r):
-    """gamma* = (1 + W_{-1}(-alpha^(r-1)/e)) / ln(alpha) - r  (DESIGN.md)."""
+    """gamma* = (1 + W_{-1}(-alpha^(r-1)/e)) / ln(alpha) - r  (docs/theory.md)."""
     alpha, r = np.asarray(alpha, float), np.asarray(r, float)
     w = scipy.special.lambertw(-(alpha ** (r - 1.0)) / np.e, -1).real
     return (1.0 + w) / np.log(alpha) - r
@@ -38,15 +38,22 @@ def composite_throughput(n, m, d_draft, d_target, loss, plane):
     return np.where((alpha > 0) & (alpha < 1), t, np.nan)
 
 
-def optimal_draft_size_grid(m, d_draft, d_target, loss, plane, *, n_min=1e3, points=4001, levels=4):
-    """N* by dense grid search in log N, zoomed ``levels`` times around the best point."""
-    lo, hi = np.log(n_min), np.log(m)
+def argmax_on_log_grid(f, n_min, n_max, *, points=4001, levels=4):
+    """The maximiser of ``f(n)`` over [n_min, n_max] by dense grid search in log n, zoomed ``levels``
+    times around the best point; ``f`` maps an array of n to values (NaN where undefined)."""
+    lo, hi = np.log(n_min), np.log(n_max)
     for _ in range(levels):
         u = np.linspace(lo, hi, points)
-        t = composite_throughput(np.exp(u), m, d_draft, d_target, loss, plane)
+        t = np.asarray(f(np.exp(u)), float)
         k = int(np.nanargmax(t))
         lo, hi = u[max(k - 2, 0)], u[min(k + 2, points - 1)]
     return float(np.exp(u[k]))
+
+
+def optimal_draft_size_grid(m, d_draft, d_target, loss, plane, *, n_min=1e3, points=4001, levels=4):
+    """N* by dense grid search in log N, zoomed ``levels`` times around the best point."""
+    return argmax_on_log_grid(lambda n: composite_throughput(n, m, d_draft, d_target, loss, plane), n_min, m,
+                              points=points, levels=levels)
 
 
 def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, grid=32, xatol=1e-10):

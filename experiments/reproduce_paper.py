@@ -21,6 +21,7 @@ from sdsl_jax import (
     HOFFMANN2022,
     SDSL2026,
     SDSL2026_LINEAR_LAW,
+    SDSL_FLOPS,
     fit_linear_law,
     solve_draft_size,
 )
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, law in PRESETS.items():
         sol = solve_draft_size(m, d_draft=args.tokens, d_target=args.tokens, loss=law, plane=SDSL2026)
         for i, mm in enumerate(m):
-            gain = float(sol.throughput[i]) * 2 * mm
+            gain = float(sol.throughput[i]) * SDSL_FLOPS.verification(mm, 1)  # T* / T(target alone)
             print(f"| {name} | {mm / 1e9:.0f}B | {float(sol.n_star[i]) / 1e6:.1f}M | {float(sol.gamma_star[i]):.2f} | "
                   f"{float(sol.alpha[i]):.4f} | {mm / float(sol.n_star[i]):.0f} | {gain:.2f} |")
     return 0

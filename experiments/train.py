@@ -18,7 +18,6 @@ decay branches.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import NamedTuple
 
@@ -29,6 +28,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from sdsl_jax.checkpoint import checkpoint_manager, restore_latest
 from sdsl_jax.model import Transformer
 
 
@@ -98,24 +98,6 @@ def sample_batch(tokens: np.ndarray, rng: np.random.Generator, *, batch_size: in
     """Random windows of ``seq_len + 1`` tokens (inputs and shifted targets)."""
     starts = rng.integers(0, len(tokens) - seq_len - 1, batch_size)
     return np.stack([tokens[s : s + seq_len + 1] for s in starts])
-
-
-def checkpoint_manager(directory: str, keep: int = 2):
-    """An orbax manager keeping the ``keep`` latest checkpoints in ``directory`` (synchronous saves)."""
-    import orbax.checkpoint as ocp
-
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
-
-
-def restore_latest(manager, like):
-    """The latest checkpoint of ``manager`` restored with the structure of ``like``; None when there is none."""
-    import orbax.checkpoint as ocp
-
-    step = manager.latest_step()
-    if step is None:
-        return None
-    return manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like)))
 
 
 def run_steps(step_fn, state: TrainState, tokens: np.ndarray, *, end: int, seed: int, batch_size: int, seq_len: int,

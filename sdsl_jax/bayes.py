@@ -60,6 +60,8 @@ __all__ = [
     "planes_from_posterior",
     "DraftSizeBands",
     "propagate_draft_size",
+    "solve_draws",
+    "summarize_draws",
     "plane_sensitivity",
     "interval_coverage",
 ]
@@ -368,6 +370,30 @@ def propagate_draft_size(
       progress: called as ``progress(done_draws, total_draws)``.
     """
     m = np.asarray(m_target, np.float64)
+    solved = solve_draws(m, laws, planes, d_target=d_target, d_draft=d_draft, recipe=recipe, cost=cost,
+                         chunk_size=chunk_size, progress=progress, **solver_options)
+    return summarize_draws(m, *solved, quantiles=quantiles)
+
+
+def solve_draws(
+    m_target: ArrayLike,
+    laws,
+    planes,
+    *,
+    d_target: float,
+    d_draft: float | None = None,
+    recipe=None,
+    cost=SDSL_FLOPS,
+    chunk_size: int = 256,
+    progress: Callable[[int, int], None] | None = None,
+    **solver_options,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """N*, gamma* and T* for every draw and target, each of shape ``(draws, len(m_target))``.
+
+    Arguments as in :func:`propagate_draft_size`. Solving every target of a run in one call
+    compiles the solver once (compilation, not solving, dominates at a few hundred draws).
+    """
+    m = np.asarray(m_target, np.float64)
     recipe = as_recipe(d_draft, recipe)
     draws = (laws, planes, cost, recipe)
     num_draws = max(np.size(v) for v in jax.tree.leaves(draws))
@@ -383,7 +409,13 @@ def propagate_draft_size(
             outputs[k].append(np.asarray(getattr(sol, k))[: stop - start])
         if progress is not None:
             progress(stop, num_draws)
-    n_star, gamma, thr = (np.concatenate(outputs[k]) for k in ("n_star", "gamma_star", "throughput"))
+    return tuple(np.concatenate(outputs[k]) for k in ("n_star", "gamma_star", "throughput"))
+
+
+def summarize_draws(m_target: ArrayLike, n_star: np.ndarray, gamma_star: np.ndarray, throughput: np.ndarray, *,
+                    quantiles=(0.05, 0.25, 0.5, 0.75, 0.95)) -> DraftSizeBands:
+    """Quantile bands over draws (failed solves excluded) and the linear law per draw."""
+    m = np.asarray(m_target, np.float64)
     q = np.asarray(quantiles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN quantiles
@@ -391,7 +423,7 @@ def propagate_draft_size(
         law = jax.vmap(fit_linear_law, (None, 0))(jnp.asarray(m), jnp.asarray(n_star))
     enough = np.isfinite(n_star).sum(1) >= 2
     law = LinearLaw(np.where(enough, law.mu, np.nan), np.where(enough, law.m0, np.nan))
-    return DraftSizeBands(m, q, quant(n_star), quant(m / n_star), quant(gamma), quant(thr),
+    return DraftSizeBands(m, q, quant(n_star), quant(m / n_star), quant(gamma_star), quant(throughput),
                           np.mean(~np.isfinite(n_star), axis=0), law, n_star)
 
 

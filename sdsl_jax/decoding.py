@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.model import Transformer, init_cache
 
 __all__ = ["SpeculativeStats", "RunSummary", "summarize_runs", "speculative_generate", "autoregressive_generate"]
@@ -57,7 +58,7 @@ class RunSummary(NamedTuple):
       accepted: accepted draft tokens in total.
       new_tokens: tokens produced (accepted + one bonus/residual token per iteration).
       tau: mean tokens per iteration, ``new_tokens / iterations``.
-      alpha_mle: ``accepted / (accepted + iterations with a rejection)`` (DESIGN.md); NOT
+      alpha_mle: ``accepted / (accepted + iterations with a rejection)`` (docs/theory.md); NOT
         ``accepted / drafted``, which underestimates alpha.
       accepted_over_drafted: ``accepted / (gamma * iterations)``, for comparison with other tools.
       draft_calls, target_calls: forward calls after the prefill.
@@ -94,7 +95,9 @@ def summarize_runs(stats: SpeculativeStats | list[SpeculativeStats], *, gamma: i
         accepted_over_drafted=accepted / (gamma * iterations) if iterations else float("nan"),
         draft_calls=int(sum(int(s.draft_calls) for s in stats)),
         target_calls=int(sum(int(s.target_calls) for s in stats)),
-        flops_sdsl=float(iterations * (2.0 * n_draft * gamma + 2.0 * m_target)))
+        # The SDSL cost in plain Python floats: exact, whatever JAX's default precision.
+        flops_sdsl=float(iterations * (SDSL_FLOPS.draft_step(n_draft) * gamma
+                                       + SDSL_FLOPS.verification(m_target, gamma + 1))))
 
 
 def _probs(logits: jax.Array, temperature: float) -> jax.Array:

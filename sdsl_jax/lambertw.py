@@ -217,7 +217,7 @@ def lambertw_m1_log(s: ArrayLike) -> jax.Array:
     """Lower branch from log space: ``W_{-1}(-exp(s))`` for ``s <= -1``.
 
     Solves ``w + log(-w) = s`` with ``w <= -1`` without forming ``-exp(s)``, which underflows
-    for the arguments the optimal lookahead needs (DESIGN.md: ``s = (r - 1) log(alpha) - 1``
+    for the arguments the optimal lookahead needs (docs/theory.md: ``s = (r - 1) log(alpha) - 1``
     reaches ``-1e4`` and beyond). Accurate for ``s`` down to ``-1e6`` and further in float32 and
     float64. Same algorithm as :func:`lambertw`, with ``log(z / w) = s - log(-w)``.
 

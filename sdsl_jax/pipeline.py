@@ -336,14 +336,17 @@ def predict_draft_size(
     recipe = as_recipe(d_draft, recipe)
     kw = dict(d_target=d_target, recipe=recipe, cost=cost)
     m_grid, targets = np.asarray(m_grid, np.float64), np.asarray(targets, np.float64)
-    grid = solve_draft_size(m_grid, loss=point.law, plane=point.plane, **kw)
-    named = solve_draft_size(targets, loss=point.law, plane=point.plane, **kw)
+    # Grid and named targets in one solve each: one compilation instead of two.
+    m_all, k = np.concatenate([m_grid, targets]), m_grid.size
+    both = solve_draft_size(m_all, loss=point.law, plane=point.plane, **kw)
+    grid, named = (jax.tree.map(lambda x, s=s: x[s], both) for s in (slice(None, k), slice(k, None)))
     line = fit_linear_law(m_grid, grid.n_star) if np.isfinite(np.asarray(grid.n_star)).sum() >= 2 else None
     bands = target_bands = None
     if draws is not None:
         laws, planes = draws
-        bands = bayes.propagate_draft_size(m_grid, laws, planes, progress=progress, **kw)
-        target_bands = bayes.propagate_draft_size(targets, laws, planes, **kw)
+        n_star, gamma, thr = bayes.solve_draws(m_all, laws, planes, progress=progress, **kw)
+        bands = bayes.summarize_draws(m_grid, n_star[:, :k], gamma[:, :k], thr[:, :k])
+        target_bands = bayes.summarize_draws(targets, n_star[:, k:], gamma[:, k:], thr[:, k:])
     return DraftSizePrediction(m_grid, grid, targets, named, line, bands, target_bands)
 
 

@@ -15,7 +15,7 @@ Only ``c = N / M`` matters for the optimum, so ``n_draft`` and ``m_target`` may 
 costs of the two models (parameters, measured FLOPs, or latencies in seconds with
 ``flops_per_param=1`` to get tokens per second): the same optimum serves a wall-clock model.
 
-Continuous optimum (dT/dgamma = 0, ``r = M / N``), with ``w = W_{-1}(-alpha^(r-1)/e)`` [DESIGN.md]::
+Continuous optimum (dT/dgamma = 0, ``r = M / N``), with ``w = W_{-1}(-alpha^(r-1)/e)`` [docs/theory.md]::
 
     gamma* = (1 + w) / log(alpha) - r = log(-w) / log(1/alpha) - 1
     T*     = log(alpha) / (2 N (1 - alpha) w)
@@ -177,7 +177,7 @@ def optimal_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike)
     """Continuous lookahead maximising throughput over ``gamma >= 0``.
 
     ``gamma* = log(-w) / log(1/alpha) - 1`` with ``w = W_{-1}(-alpha^(r-1)/e)``, ``r = M/N``;
-    equal to DESIGN.md's ``(1 + w)/log(alpha) - r`` but without its cancellation. ``T`` is
+    equal to docs/theory.md's ``(1 + w)/log(alpha) - r`` but without its cancellation. ``T`` is
     unimodal in gamma, so when the stationary point is negative, or absent (``r <= 1``), the
     maximiser over ``gamma >= 0`` is 0: drafting does not pay.
 
@@ -189,7 +189,7 @@ def optimal_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike)
       gamma* >= 0; NaN outside the model.
 
     References:
-      SDSL (2026), arXiv 2603.11053; DESIGN.md check values.
+      SDSL (2026), arXiv 2603.11053; docs/theory.md check values (section 2).
     """
     alpha, n, m = as_float(alpha, n_draft, m_target)
     w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)

@@ -3,7 +3,7 @@
 The micro ladder (3 sizes x 2 budgets, seconds) is trained and measured once per session by the
 ``micro_ladder`` fixture; these tests check what its outputs must satisfy against independent
 recomputations: budgets against standalone WSD runs, exact alpha against
-``measure_core.exact_acceptance``, run statistics against their histograms.
+``sdsl_jax.measure.exact_acceptance``, run statistics against their histograms.
 """
 
 import csv
@@ -16,7 +16,7 @@ import pytest
 from experiments import closure, ladder, measure
 from experiments import train as train_module
 from experiments.corpus import load_corpus
-from experiments.measure_core import exact_acceptance
+from sdsl_jax.measure import exact_acceptance
 from experiments.train import train
 from sdsl_jax.data import load_acceptance, load_pretraining
 from sdsl_jax.model import TransformerConfig

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiments.measure_core import exact_acceptance, text_nll, windows
+from sdsl_jax.measure import exact_acceptance, text_nll, windows
 from sdsl_jax import acceptance_from_counts
 from sdsl_jax.decoding import speculative_generate
 from sdsl_jax.model import Transformer, TransformerConfig
@@ -57,5 +57,5 @@ def test_exact_acceptance_predicts_speculative_runs():
     exact = exact_acceptance(draft, target, np.stack(texts), temperature=temperature)
     # ~2,400 draft tokens: the MLE's standard error is about 0.01 here.
     assert mle == pytest.approx(exact, abs=0.04)
-    # ... whereas accepted / drafted is not alpha (DESIGN.md): here it reads about half of it.
+    # ... whereas accepted / drafted is not alpha (docs/theory.md): here it reads about half of it.
     assert np.concatenate(accepted).mean() / gamma < exact - 0.1

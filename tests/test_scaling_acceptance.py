@@ -71,7 +71,7 @@ def test_count_mle_recovers_alpha_where_accepted_over_drafted_does_not(alpha, ga
     # Standard error of the MLE: sqrt(alpha (1 - alpha)^2 / E[sum K + R]) < 1e-3 here.
     assert estimate == pytest.approx(alpha, abs=4e-3)
     if alpha == 0.7:
-        assert accepted.mean() / gamma == pytest.approx(0.39, abs=0.01)  # DESIGN.md's trap
+        assert accepted.mean() / gamma == pytest.approx(0.39, abs=0.01)  # docs/theory.md's trap
 
 
 def test_count_mle_edge_cases():

@@ -1,4 +1,4 @@
-"""Speculative-decoding theory against Leviathan et al., DESIGN.md check values and brute force."""
+"""Speculative-decoding theory against Leviathan et al., docs/theory.md check values (section 2) and brute force."""
 
 import jax
 import mpmath
@@ -30,7 +30,7 @@ LEVIATHAN_TABLE_1 = [
     (0.9, 10, 1.60, 6.86),
 ]
 
-# DESIGN.md: (alpha, c = N/M) -> gamma*.
+# docs/theory.md: (alpha, c = N/M) -> gamma*.
 GAMMA_STAR_CHECKS = [(0.70, 0.01, 9.34239), (0.65, 0.005, 9.47740), (0.80, 0.05, 7.85665), (0.50, 0.10, 2.24616)]
 
 
@@ -41,7 +41,7 @@ def test_leviathan_table_1(alpha, gamma, ops, speed):
 
 
 def mp_gamma_star(alpha, c):
-    """gamma* = (1 + W_{-1}(-alpha^(r-1)/e)) / ln(alpha) - r at 50 digits (DESIGN.md form)."""
+    """gamma* = (1 + W_{-1}(-alpha^(r-1)/e)) / ln(alpha) - r at 50 digits (docs/theory.md form)."""
     a, r = mpmath.mpf(alpha), 1 / mpmath.mpf(c)
     w = mpmath.lambertw(-(a ** (r - 1)) / mpmath.e, -1).real
     return float((1 + w) / mpmath.log(a) - r)
@@ -50,7 +50,7 @@ def mp_gamma_star(alpha, c):
 @pytest.mark.parametrize("alpha, c, want", GAMMA_STAR_CHECKS)
 def test_gamma_star_check_values(alpha, c, want, maybe_jit):
     got = float(maybe_jit(optimal_lookahead)(alpha, c, 1.0))
-    # DESIGN.md prints 5 decimals: the printed value is the rounded one ...
+    # docs/theory.md prints 5 decimals: the printed value is the rounded one ...
     assert round(got, 5) == want
     # ... and against the 50-digit closed form the error is far below 1e-6 relative.
     assert got == pytest.approx(mp_gamma_star(alpha, c), rel=1e-12)

@@ -7,8 +7,8 @@
   position of the windows [Leviathan et al. 2023, Cor. 3.6]. This is the per-token acceptance
   speculative sampling has along that text, with no sampling noise.
 
-Groundwork for ``experiments.measure`` (the experiments issue). Windows are scored in one
-jitted batch each; positions are all predicted tokens of each window.
+Used by ``experiments.measure`` and ``experiments.ladder``. Windows are scored in one jitted batch
+each; positions are all predicted tokens of each window.
 """
 
 from __future__ import annotations
