@@ -33,7 +33,8 @@ def format_size(n: float) -> str:
 
 
 def _save(fig: Figure, path: str, caption: str) -> str:
-    fig.text(0.99, 0.005, f"made by: {caption}", ha="right", va="bottom", fontsize=6, color="0.4")
+    # Below the axes' labels (and any offset text such as "1e6"); bbox_inches="tight" keeps it.
+    fig.text(0.99, -0.03, f"made by: {caption}", ha="right", va="top", fontsize=6, color="0.4")
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=130, bbox_inches="tight")
     os.replace(tmp, path)
