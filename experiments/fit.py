@@ -55,6 +55,47 @@ def configure_jax(*, devices: int = 4) -> None:
     jax.config.update("jax_enable_x64", True)
 
 
+OUTPUTS = ("summary.json", "loss_law_posterior.nc", "plane_posterior.nc", "loss_law_fit.png", "n_star_bands.png",
+           "throughput_curves.png", "acceptance_plane.png")
+"""Every file a run can write in --out (besides stages/)."""
+
+
+class UsageError(Exception):
+    """An unusable argument: reported as ``error: ...`` with exit status 2, like a bad CSV."""
+
+
+def _finite_positive(name: str, value: float) -> None:
+    if not (np.isfinite(value) and value > 0):
+        raise UsageError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def validate_args(args, drop: int) -> None:
+    """Check every argument before any work or any file is made (UsageError names the argument)."""
+    if args.num_targets < 2:
+        raise UsageError(f"--num-targets must be at least 2 (the linear law needs two targets), got {args.num_targets}")
+    for name in ("m_min", "m_max", "d_draft", "d_target"):
+        _finite_positive("--" + name.replace("_", "-"), getattr(args, name))
+    if not args.m_min < args.m_max:
+        raise UsageError(f"--m-min ({args.m_min:g}) must be below --m-max ({args.m_max:g})")
+    for m in args.targets:
+        _finite_positive("--targets", m)
+    if args.starts is not None and args.starts < 1:
+        raise UsageError(f"--starts K uses every K-th start: K must be at least 1, got {args.starts}")
+    if drop < 0:
+        raise UsageError(f"--drop-highest-loss must be >= 0, got {drop}")
+    for name in ("chains", "warmup", "draws"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {args.out} exists and is not a folder")
+    parent = os.path.dirname(out)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise UsageError(f"--out {args.out} lies under {parent}, which is a file")
+
+
 def parse_recipe(spec: str, d_draft: float):
     """``fixed`` | ``tokens-per-param=RHO`` | ``compute=C`` -> a recipe (ValueError with the reason)."""
     name, _, value = spec.partition("=")
@@ -139,25 +180,22 @@ def run(args) -> int:
     acc_path = args.acceptance or (dataset.acceptance if not args.pretraining else None)
     drop = args.drop_highest_loss if args.drop_highest_loss is not None else (
         dataset.drop_highest_loss if not args.pretraining else 0)
-    if args.num_targets < 2 or not 0 < args.m_min < args.m_max:
-        raise SystemExit("error: need --num-targets >= 2 and 0 < --m-min < --m-max")
-    for name in ("d_draft", "d_target"):
-        if not getattr(args, name) > 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be > 0")
+    validate_args(args, drop)
     try:
         recipe = parse_recipe(args.recipe, args.d_draft)
     except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+        raise UsageError(str(err)) from None
     family, acceptance_model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
     cost = COST_MODELS[args.cost]
-    os.makedirs(args.out, exist_ok=True)
 
+    # Every input is read and checked before anything is created in --out.
     runs = load_pretraining(pre_path)
     if drop:
         if drop >= len(runs) - 5:
-            raise SystemExit(f"error: --drop-highest-loss {drop} leaves fewer than 6 runs")
+            raise UsageError(f"--drop-highest-loss {drop} leaves fewer than 6 of the {len(runs)} runs")
         runs = runs.select(np.sort(np.argsort(runs.loss, kind="stable")[:-drop]))
     acceptance = load_acceptance(acc_path) if acc_path else None
+    os.makedirs(args.out, exist_ok=True)
     log(f"data: {len(runs)} pre-training runs from {os.path.relpath(pre_path)}"
         + (f" ({drop} highest-loss dropped)" if drop else "")
         + (f"; {len(acceptance)} acceptance pairs from {os.path.relpath(acc_path)}" if acceptance else
@@ -259,7 +297,7 @@ def run(args) -> int:
             meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
             m_target=named.tolist(), **{k: v.tolist() for k, v in result.sensitivity.items()})
 
-    write_json(os.path.join(args.out, "summary.json"), summary)
+    write_json(os.path.join(args.out, "summary.json"), summary, strict=True)
     if not args.no_figures:
         from sdsl_jax import figures
 
@@ -267,6 +305,17 @@ def run(args) -> int:
                                    recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
                                    caption="python -m experiments.fit " + " ".join(args.argv))
         log("figures: " + ", ".join(os.path.relpath(p) for p in made))
+    else:
+        made = []
+    # The folder holds this run's files only: drop what an earlier run with other options left.
+    written = {os.path.abspath(p) for p in made} | {os.path.abspath(os.path.join(args.out, "summary.json"))}
+    if post is not None:
+        written |= {os.path.abspath(os.path.join(args.out, n + ".nc")) for n in ("loss_law_posterior", "plane_posterior")
+                    if n == "loss_law_posterior" or post.plane_run is not None}
+    for name in OUTPUTS:
+        path = os.path.abspath(os.path.join(args.out, name))
+        if path not in written and os.path.isfile(path):
+            os.remove(path)
     print_table(summary, args)
     log(f"wrote {os.path.relpath(os.path.join(args.out, 'summary.json'))}")
     return 3 if (args.strict and strict_failure) else 0
@@ -321,9 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_jax()
     try:
         return run(args)
-    except DataError as err:
+    except (DataError, UsageError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished stages are kept in {os.path.join(args.out, 'stages')}; rerun the same "
+              "command with --resume to continue", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

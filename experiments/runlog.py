@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -36,11 +37,28 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_json(path: str, obj) -> None:
-    """Write ``obj`` as JSON atomically (a temporary file renamed into place)."""
+def _finite_or_none(obj):
+    """NaN and infinities as None (JSON null), recursively: strict JSON parsers reject NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+def write_json(path: str, obj, *, strict: bool = False) -> None:
+    """Write ``obj`` as JSON atomically (a temporary file renamed into place).
+
+    ``strict=True`` writes standard JSON: NaN and infinities become null (each summary records the
+    status that says why a value is missing).
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if strict:
+        obj = _finite_or_none(obj)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=True)
+        json.dump(obj, f, indent=2, allow_nan=not strict)
         f.write("\n")
     os.replace(tmp, path)

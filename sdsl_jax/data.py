@@ -306,6 +306,8 @@ def _parse(path: str, line: int, col: _Column, raw: str | None) -> Any:
     if col.kind == "str":
         return text
     try:
+        if "_" in text:  # float() reads 1_000 as 1000; a CSV number never has an underscore
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise DataError(path, line, col.name, f"{text!r} is not a number") from None
@@ -321,21 +323,34 @@ def _parse(path: str, line: int, col: _Column, raw: str | None) -> Any:
 def _load(path: str, schema: tuple[_Column, ...]) -> dict[str, list]:
     path = os.fspath(path)
     try:
-        handle = open(path, newline="")
+        # utf-8-sig: a byte-order mark (as spreadsheet programs write) is read as nothing.
+        handle = open(path, newline="", encoding="utf-8-sig")
     except OSError as err:
         raise DataError(path, None, None, f"cannot be read ({err.strerror})") from None
-    with handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        missing = [c.name for c in schema if c.required and c.name not in header]
-        if missing:
-            raise DataError(path, 1, missing[0], f"is missing from the header (found: {', '.join(header) or 'nothing'})")
-        columns: dict[str, list] = {c.name: [] for c in schema}
-        for row in reader:
-            if None in row:  # more fields than the header has
-                raise DataError(path, reader.line_num, None, f"has {len(header) + len(row[None])} fields, the header {len(header)}")
-            for col in schema:
-                columns[col.name].append(_parse(path, reader.line_num, col, row.get(col.name)))
+    try:
+        with handle:
+            return _read_columns(path, csv.DictReader(handle), schema)
+    except UnicodeDecodeError as err:
+        raise DataError(path, None, None, f"is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                                          f"{err.start}): a CSV file is expected") from None
+    except csv.Error as err:
+        raise DataError(path, None, None, f"is not a readable CSV file ({err})") from None
+
+
+def _read_columns(path: str, reader: csv.DictReader, schema: tuple[_Column, ...]) -> dict[str, list]:
+    header = reader.fieldnames or []
+    missing = [c.name for c in schema if c.required and c.name not in header]
+    if missing:
+        raise DataError(path, 1, missing[0], f"is missing from the header (found: {', '.join(header) or 'nothing'})")
+    repeated = sorted({h for h in header if header.count(h) > 1 and h in {c.name for c in schema}})
+    if repeated:
+        raise DataError(path, 1, repeated[0], "appears more than once in the header: which one to use is ambiguous")
+    columns: dict[str, list] = {c.name: [] for c in schema}
+    for row in reader:
+        if None in row:  # more fields than the header has
+            raise DataError(path, reader.line_num, None, f"has {len(header) + len(row[None])} fields, the header {len(header)}")
+        for col in schema:
+            columns[col.name].append(_parse(path, reader.line_num, col, row.get(col.name)))
     if not columns[schema[0].name]:
         raise DataError(path, None, None, "has a header but no data rows")
     return columns

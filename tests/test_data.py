@@ -103,3 +103,25 @@ def test_structural_problems(tmp_path):
         load_pretraining(str(tmp_path / "absent.csv"))
     with pytest.raises(DataError, match=r":2: has 5 fields, the header 4"):
         load_pretraining(write(tmp_path, PRETRAINING_HEADER + "1e6,2e7,3.0,a,extra\n"))
+
+
+def test_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfn_params,n_tokens,loss\n1e6,2e7,3.0\n")
+    runs = load_pretraining(path)
+    assert runs.n_params.tolist() == [1e6]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"n_params,n_tokens,loss\n1e6,2e7,\xe9\n", "is not UTF-8 text"),
+    (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", "is not UTF-8 text"),  # gzip
+    (b"n_params,n_tokens,loss,loss\n1e6,2e7,3.0,4.0\n", "column 'loss': appears more than once"),
+    (b"n_params,n_tokens,loss\n1_000_000,2e7,3.0\n", "'1_000_000' is not a number"),
+    (b"n_params,n_tokens,loss\n1e6,2e7," + b"1" * 140_000 + b"\n", "is not a readable CSV file"),
+])
+def test_unreadable_files_are_data_errors(tmp_path, content, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=fragment) as info:
+        load_pretraining(path)
+    assert str(path) in str(info.value)

@@ -117,3 +117,73 @@ def test_ladder_dataset_fits_the_committed_ladder(tmp_path):
     assert [t["m_target"] for t in summary["targets"]] == list(fit_cli.DATASETS["ladder"].targets)
     assert summary["data"]["pretraining"]["path"].endswith(os.path.join("fits", "ladder", "pretraining.csv"))
     assert summary["data"]["acceptance"]["pairs"] > 20
+
+
+SHIPPED = os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--num-targets", "1"], "--num-targets must be at least 2"),
+    (["--m-min", "0"], "--m-min must be a positive finite number"),
+    (["--m-min", "2e11"], "must be below --m-max"),
+    (["--m-max", "inf"], "--m-max must be a positive finite number, got inf"),
+    (["--d-draft", "0"], "--d-draft must be a positive finite number"),
+    (["--d-target", "nan"], "--d-target must be a positive finite number, got nan"),
+    (["--targets", "-5"], "--targets must be a positive finite number, got -5.0"),
+    (["--starts", "0"], "--starts K uses every K-th start: K must be at least 1"),
+    (["--drop-highest-loss", "-3"], "--drop-highest-loss must be >= 0"),
+    (["--drop-highest-loss", "240"], "leaves fewer than 6 of the 245 runs"),
+    (["--recipe", "tokens-per-param=-2"], "the value must be a positive finite number"),
+    (["--chains", "0"], "--chains must be at least 1"),
+])
+def test_bad_arguments_exit_2_before_anything_is_created(tmp_path, capsys, args, fragment):
+    out = tmp_path / "out"
+    assert fit_cli.main(args + ["--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.startswith("error: ") and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_or_under_a_file_exits_2(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile, afile / "sub"):
+        assert fit_cli.main(["--out", str(out), "--quiet"]) == 2
+        assert "error: --out" in capsys.readouterr().err
+    assert afile.read_text() == "x"
+
+
+def test_bad_csv_creates_nothing_in_out(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"n_params,n_tokens,loss\n1e6,2e7,\xe9\n")  # Latin-1, not UTF-8
+    out = tmp_path / "out"
+    assert fit_cli.main(["--pretraining", str(bad), "--out", str(out), "--quiet"]) == 2
+    assert not out.exists()
+
+
+def test_interrupt_exits_130_with_one_line(tmp_path, capsys, monkeypatch):
+    from sdsl_jax import pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "run", interrupted)
+    assert fit_cli.main(["--out", str(tmp_path / "out"), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "--resume" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_summary_is_strict_json_and_the_folder_holds_one_run(tmp_path):
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "loss_law_posterior.nc").write_text("left by an earlier --posterior run")
+    # A target far below the data's range: no admissible draft, a NaN N*, written as null.
+    assert fit_cli.main(["--starts", "45", "--num-targets", "3", "--targets", "13e9", "2", "--out", str(out),
+                         "--quiet", "--no-figures"]) == 0
+
+    def reject(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=reject)
+    assert summary["targets"][1]["n_star"] is None and summary["targets"][1]["status"] != 0
+    assert not (out / "loss_law_posterior.nc").exists()
