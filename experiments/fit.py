@@ -272,7 +272,7 @@ def run(args) -> int:
                 log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
                     f"Do not trust its bands; run longer (--warmup/--draws) or more chains.\n{banner}")
         bands, nb = pred.bands, pred.target_bands
-        laws, planes = pipeline.paired_draws(post)
+        laws, planes = result.draws
         q = list(bands.quantiles)
         i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
         for j, target in enumerate(summary["targets"]):

@@ -151,6 +151,7 @@ class PipelineResult(NamedTuple):
     posterior: Posterior | None
     prediction: DraftSizePrediction
     sensitivity: dict | None  # elasticities of N* to a fixed plane's coefficients
+    draws: tuple[Any, Any] | None = None  # the paired (laws, planes) behind the bands
 
 
 class StageStore:
@@ -448,4 +449,4 @@ def run(
     if not point.plane_fitted:
         sensitivity = bayes.plane_sensitivity(targets, law=point.law, plane=point.plane, d_target=d_target,
                                               recipe=recipe, cost=cost)
-    return PipelineResult(point, post, prediction, sensitivity)
+    return PipelineResult(point, post, prediction, sensitivity, draws)
