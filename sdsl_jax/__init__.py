@@ -25,7 +25,6 @@ from sdsl_jax.acceptance import (
     LogPerplexityPlane,
     acceptance_from_counts,
     acceptance_from_distributions,
-    acceptance_model_of,
     acceptance_rate,
 )
 from sdsl_jax.costs import (
@@ -123,7 +122,6 @@ __all__ = [
     "TokensPerParameter",
     "acceptance_from_counts",
     "acceptance_from_distributions",
-    "acceptance_model_of",
     "acceptance_rate",
     "best_lookahead",
     "draft_acceptance",

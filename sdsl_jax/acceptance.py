@@ -38,7 +38,6 @@ __all__ = [
     "PLANE",
     "LOG_PLANE",
     "ACCEPTANCE_MODELS",
-    "acceptance_model_of",
     "SDSL2026",
     "acceptance_rate",
     "acceptance_from_counts",
@@ -97,14 +96,6 @@ LOG_PLANE = AcceptanceModel("log-plane", LogPerplexityPlane, lambda x, y: (jnp.l
                             "alpha = A ln x + B ln y + C (the plane on losses)")
 ACCEPTANCE_MODELS: dict[str, AcceptanceModel] = {m.name: m for m in (PLANE, LOG_PLANE)}
 """The shipped acceptance models by name (the CLIs' ``--acceptance-model`` choices)."""
-
-
-def acceptance_model_of(params) -> AcceptanceModel:
-    """The shipped acceptance model whose coefficients ``params`` are."""
-    for model in ACCEPTANCE_MODELS.values():
-        if isinstance(params, model.params_type):
-            return model
-    raise TypeError(f"{type(params).__name__} is not a shipped acceptance model; pass its AcceptanceModel explicitly")
 
 
 SDSL2026 = AcceptancePlane(A=-0.0067, B=0.01297, C=0.642)
