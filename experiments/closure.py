@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, sha256, versions, write_json
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, best_lookahead, draft_throughput, solve_draft_size
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
 
@@ -210,8 +210,6 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from experiments.fit import configure_jax
-
     configure_jax()
     from sdsl_jax import pipeline
 

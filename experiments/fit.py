@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from experiments.datasets import DATASETS
-from experiments.runlog import Log, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, sha256, versions, write_json
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
                       TokensPerParameter)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
@@ -38,21 +38,6 @@ from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-per-param=RHO (D = RHO N), " \
           "compute=C (D = C / (6 N))"
-
-
-def configure_jax(*, devices: int = 4) -> None:
-    """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
-
-    ``devices`` CPU devices let NUTS run its chains in parallel; the flag only takes effect when
-    JAX has not started its backends yet (as in a fresh ``python -m``). Float64 is needed by the
-    Huber fit and N*.
-    """
-    import jax
-
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + f" --xla_force_host_platform_device_count={devices}").strip()
-    jax.config.update("jax_enable_x64", True)
 
 
 OUTPUTS = ("summary.json", "loss_law_posterior.nc", "plane_posterior.nc", "loss_law_fit.png", "n_star_bands.png",

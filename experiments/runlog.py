@@ -62,3 +62,18 @@ def write_json(path: str, obj, *, strict: bool = False) -> None:
         json.dump(obj, f, indent=2, allow_nan=not strict)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def configure_jax(*, devices: int = 4) -> None:
+    """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
+
+    ``devices`` CPU devices let NUTS run its chains in parallel; the flag only takes effect when
+    JAX has not started its backends yet (as in a fresh ``python -m``). Float64 is needed by the
+    Huber fit and N*.
+    """
+    import jax
+
+    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + f" --xla_force_host_platform_device_count={devices}").strip()
+    jax.config.update("jax_enable_x64", True)
