@@ -60,6 +60,8 @@ class SolveStatus(enum.IntEnum):
     NO_SPEEDUP = 2  # no draft size gives more tokens per FLOP than the target alone
     AT_LOWER_BOUND = 3  # throughput still rises as N decreases to n_min
     NOT_CONVERGED = 4  # Newton/bisection did not reach tol within max_steps
+    ACCEPTANCE_SATURATES = 5  # alpha >= 1 somewhere in [n_min, M]: T has no maximum there
+    INVALID_INPUT = 6  # a size, token count or coefficient outside the model (traced inputs only)
 
     @property
     def message(self) -> str:
@@ -75,6 +77,10 @@ _STATUS_MESSAGES = {
     SolveStatus.AT_LOWER_BOUND: "at the lower bound: throughput still rises as N falls to n_min (lower n_min, or "
                                 "the law extrapolates below its data)",
     SolveStatus.NOT_CONVERGED: "not converged: Newton/bisection did not reach tol within max_steps",
+    SolveStatus.ACCEPTANCE_SATURATES: "acceptance saturates: the acceptance model gives alpha >= 1 inside the search "
+                                      "interval, where T grows without bound; the model is extrapolated past its data",
+    SolveStatus.INVALID_INPUT: "invalid input: a size or token count <= 0, or a non-finite input (reported as a "
+                               "status under jit, where the check cannot raise)",
 }
 
 
@@ -130,12 +136,25 @@ def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
                                     cost=p.cost))
 
 
+def _acceptance(u: jax.Array, p: _Problem) -> jax.Array:
+    return draft_acceptance(jnp.exp(u), p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane)
+
+
 def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
     """Scalar solve; returns (u*, status, steps)."""
     log_m = jnp.log(p.m)
     grid = jnp.linspace(log_n_min, log_m, num_grid)
     f_grid = jax.vmap(_log_throughput, (0, None))(jax.lax.stop_gradient(grid), jax.lax.stop_gradient(p))
     admissible = jnp.isfinite(f_grid)
+    # T -> infinity as alpha -> 1, so a model reaching alpha >= 1 anywhere on [n_min, M] has no
+    # maximum there. Every shipped law and acceptance model is monotone in N, so the grid (which
+    # includes both ends) sees it; N* itself is checked again below.
+    alpha_grid = jax.vmap(lambda u: _acceptance(u, p))(jax.lax.stop_gradient(grid))
+    saturates = jnp.any(alpha_grid >= 1)
+    leaves = jax.tree.leaves(p)
+    invalid = ~(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+                & (p.m > 0) & (p.d_target > 0)
+                & jnp.all(jnp.stack([jnp.all(x > 0) for x in jax.tree.leaves(p.recipe)] or [jnp.asarray(True)])))
     log_target_cost = jnp.log(p.cost.verification(p.m, jnp.ones_like(p.m)))
     gain = jnp.where(admissible, f_grid + log_target_cost, -jnp.inf)  # log(T / T_target)
     k = jnp.argmax(gain)
@@ -180,9 +199,15 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
     done, steps = done > 0, steps.astype(jnp.int32)
     spacing = (log_m - log_n_min) / (num_grid - 1)
     at_lower = (k == 0) & (jax.lax.stop_gradient(u) - log_n_min <= 1e-3 * spacing)
+    u_found = jax.lax.stop_gradient(u)
+    alpha_found = _acceptance(u_found, p)
+    saturates = saturates | (alpha_found >= 1)
+    # A stationary point must have a finite T there; anything else did not converge.
+    not_done = ~done | ~jnp.isfinite(_log_throughput(u_found, jax.lax.stop_gradient(p)))
     status = jnp.select(
-        [no_admissible, no_speedup, at_lower, ~done],
-        [SolveStatus.NO_ADMISSIBLE_DRAFT, SolveStatus.NO_SPEEDUP, SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
+        [invalid, saturates, no_admissible, no_speedup, at_lower, not_done],
+        [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
+         SolveStatus.NO_SPEEDUP, SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
     return u, status, steps
@@ -239,10 +264,19 @@ def solve_draft_size(
         _check_tree(recipe, "recipe", _check_positive)
     for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
         _check_tree(params, name, _check_finite)
-    if not (isinstance(n_min, (int, float)) and n_min > 0 and math.isfinite(n_min)):
+    n_min = _python_scalar("n_min", n_min, float)
+    if not (n_min > 0 and math.isfinite(n_min)):
         raise ValueError(f"n_min must be a positive finite number, got {n_min!r}")
+    num_grid = _python_scalar("num_grid", num_grid, int)
     if num_grid < 3:
         raise ValueError(f"num_grid must be at least 3, got {num_grid!r}")
+    max_steps = _python_scalar("max_steps", max_steps, int)
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1, got {max_steps!r}")
+    if tol is not None:
+        tol = _python_scalar("tol", tol, float)
+        if not (0 < tol < 1):
+            raise ValueError(f"tol must be in (0, 1) (a relative step in log N), got {tol!r}")
 
     problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
     leaves, treedef = jax.tree.flatten(problem)
@@ -265,7 +299,11 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
         problems, log_n_min, num_grid, max_steps, tol
     )
     ok = status == SolveStatus.SUCCESS
-    n_star = jnp.where(ok, jnp.exp(jnp.where(ok, u, 0.0)), jnp.nan)
+    # NaN value AND NaN derivatives where the solve failed: a zero gradient would read as "optimal".
+    # Both where() and the NaN behind the model's own admissibility test drop cotangents, so the
+    # failed branch is tied to every input directly: `poison` is 0 with derivative 1 in each.
+    poison = sum(x - jax.lax.stop_gradient(x) for x in jax.tree.leaves(problems)) + u - jax.lax.stop_gradient(u)
+    n_star = jnp.where(ok, jnp.exp(jnp.where(ok, u, 0.0)), jnp.nan * (1.0 + jnp.where(ok, 0.0, poison)))
     alpha = draft_acceptance(n_star, problems.m, d_target=problems.d_target, recipe=problems.recipe,
                              loss=problems.loss, plane=problems.plane)
     best = best_lookahead(problems.cost, alpha, n_star, problems.m)
@@ -335,6 +373,21 @@ def fit_linear_law(m_target: ArrayLike, n_star: ArrayLike) -> LinearLaw:
     dm, dn = w * (m - m_mean), w * (n - n_mean)
     mu = (dm * dn).sum() / (dm * dm).sum()
     return LinearLaw(mu=mu, m0=n_mean - mu * m_mean)
+
+
+def _python_scalar(name: str, value, kind: type):
+    """A Python int/float from a Python or NumPy scalar (or a 0-d array); ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, jax.core.Tracer) or np.ndim(value) != 0:
+        raise ValueError(f"{name} must be a {kind.__name__} scalar, got {value!r}")
+    try:
+        number = float(np.asarray(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a {kind.__name__} scalar, got {value!r}") from None
+    if kind is int:
+        if not (math.isfinite(number) and number == int(number)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return int(number)
+    return number
 
 
 def _concrete(x):

@@ -13,11 +13,13 @@ from sdsl_jax import (
     AcceptancePlane,
     LossLaw,
     SolveStatus,
+    draft_acceptance,
     draft_throughput,
     fit_linear_law,
     optimal_draft_size,
     optimal_lookahead,
     solve_draft_size,
+    status_message,
 )
 
 PAPER_M = np.linspace(1e10, 1.1e11, 41)
@@ -125,6 +127,61 @@ def test_failure_statuses_are_reported_not_silent():
     assert int(bounded.status) == SolveStatus.AT_LOWER_BOUND and np.isnan(bounded.n_star)
     ok = solve_draft_size(5e10, **kw)
     assert int(ok.status) == SolveStatus.SUCCESS and ok.num_steps < 10
+
+
+@pytest.mark.parametrize("c", [1.0, 1.5, 2.0])
+def test_acceptance_reaching_one_inside_the_interval_is_not_a_success(c):
+    # alpha(N = M) = (A + B) x + C >= 1 here: T grows without bound towards alpha = 1, so there is
+    # no maximum (before: status 0 with gamma* = NaN, or gamma* = 2e6 at C = 1.5).
+    kw = dict(d_draft=1e12, d_target=1e12)
+    plane = SDSL2026._replace(C=c)
+    sol = solve_draft_size(7e10, plane=plane, **kw)
+    assert int(sol.status) == SolveStatus.ACCEPTANCE_SATURATES and np.isnan(sol.n_star)
+    assert "alpha >= 1" in status_message(sol.status)
+    assert float(draft_acceptance(7e10, 7e10, plane=plane, **kw)) >= 1  # the oracle: alpha at the top end
+    grad_c = jax.grad(lambda c: solve_draft_size(7e10, plane=SDSL2026._replace(C=c), **kw).n_star)(c)
+    assert np.isnan(grad_c)
+
+
+@pytest.mark.parametrize("case", ["saturated", "not_converged", "negative_m_under_jit", "zero_m_under_jit"])
+def test_failed_solves_have_nan_gradients_not_zero(case):
+    # A zero gradient at a failed solve reads as "converged" to an optimiser.
+    kw = dict(d_draft=1e12, d_target=1e12)
+    m, options, expected = {
+        "saturated": (1e3, {}, SolveStatus.ACCEPTANCE_SATURATES),
+        "not_converged": (7e10, dict(max_steps=1), SolveStatus.NOT_CONVERGED),
+        "negative_m_under_jit": (-1.0, {}, SolveStatus.INVALID_INPUT),
+        "zero_m_under_jit": (0.0, {}, SolveStatus.INVALID_INPUT),
+    }[case]
+    solve = jax.jit(lambda m: solve_draft_size(m, **kw, **options))
+    assert int(solve(m).status) == expected
+    for derivative in (jax.grad, jax.jacfwd):
+        assert np.isnan(derivative(lambda m: solve(m).n_star)(m))
+
+
+def test_a_failed_target_does_not_poison_the_others():
+    m = jnp.array([7e10, 1e3])
+    jac = jax.jacfwd(lambda m: solve_draft_size(m, d_draft=1e12, d_target=1e12).n_star)(m)
+    assert np.isfinite(jac[0, 0]) and jac[0, 0] > 0 and np.all(np.isnan(jac[1]))
+
+
+def test_numpy_scalars_are_accepted_as_options():
+    kw = dict(d_draft=1e12, d_target=1e12)
+    ref = solve_draft_size(7e10, **kw)
+    got = solve_draft_size(np.float64(7e10), n_min=np.float32(1.0), num_grid=np.int64(32), max_steps=np.int32(60),
+                           tol=np.float64(1.5e-8), **kw)
+    np.testing.assert_allclose(got.n_star, ref.n_star, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "options, name",
+    [(dict(tol=0.0), "tol"), (dict(tol=-1e-6), "tol"), (dict(tol=np.nan), "tol"), (dict(max_steps=0), "max_steps"),
+     (dict(max_steps=-1), "max_steps"), (dict(max_steps=2.5), "max_steps"), (dict(num_grid=2), "num_grid"),
+     (dict(n_min=np.array([1.0, 2.0])), "n_min")],
+)
+def test_bad_solver_options_name_the_option(options, name):
+    with pytest.raises(ValueError, match=name):
+        solve_draft_size(7e10, d_draft=1e12, d_target=1e12, **options)
 
 
 @pytest.mark.parametrize(
