@@ -2,6 +2,7 @@
 # make test:    install if needed, then run the test suite (slow tests excluded).
 # make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
 # make bench:   install if needed, then run the benchmarks and print the ratios.
+# make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
 #               (about 45 minutes on 2 CPU cores; resumable: rerun after an interruption).
 PYTHON ?= python3
@@ -9,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all fit bench ladder clean
+.PHONY: install test test-all fit bench ladder notebooks clean
 
 install: $(STAMP)
 
@@ -32,6 +33,10 @@ fit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+
+notebooks: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,notebooks]"
+	$(PY) -m experiments.run_notebooks notebooks/*.ipynb
 
 ladder: $(STAMP)
 	$(PY) -m experiments.ladder --preset real

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, best_lookahead, draft_throughput, solve_draft_size
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
 
@@ -211,6 +211,11 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_jax()
+    return exit_on_interrupt(lambda: _close(args, argv), "the closure writes its files only when it ends, so nothing "
+                                                         "was changed; rerun the same command")
+
+
+def _close(args, argv) -> int:
     from sdsl_jax import pipeline
 
     log = Log(args.quiet)

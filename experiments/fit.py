@@ -30,9 +30,10 @@ import time
 import numpy as np
 
 from experiments.datasets import DATASETS
-from experiments.runlog import Log, configure_jax, sha256, versions, write_json
+from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, exit_on_interrupt, sha256,
+                               versions, write_json)
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
-                      TokensPerParameter)
+                      TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
@@ -143,6 +144,10 @@ def parse_args(argv):
     p.add_argument("--no-figures", action="store_true", help="skip the figures")
     p.add_argument("--strict", action="store_true", help="exit with status 3 when posterior diagnostics fail")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--compile-cache", metavar="DIR", default=default_compile_cache(),
+                   help="JAX's persistent compilation cache: a second run loads compiled programs instead of "
+                        f"compiling them (default: ${COMPILE_CACHE_ENV} if set, else ~/.cache/sdsl-jax/xla)")
+    p.add_argument("--no-compile-cache", action="store_true", help="do not read or write the compilation cache")
     p.add_argument("--resume", action="store_true", help="reuse the stages (point fit, posteriors) that an "
                    "earlier, interrupted run finished in --out with the same data and settings")
     return p.parse_args(argv)
@@ -180,10 +185,15 @@ def run(args) -> int:
             raise UsageError(f"--drop-highest-loss {drop} leaves fewer than 6 of the {len(runs)} runs")
         runs = runs.select(np.sort(np.argsort(runs.loss, kind="stable")[:-drop]))
     acceptance = load_acceptance(acc_path) if acc_path else None
+    check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=family,
+                        source=pre_path + (f" (after --drop-highest-loss {drop})" if drop else ""))
+    if acceptance is not None:
+        check_acceptance_data(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha, model=acceptance_model,
+                              source=acc_path)
     os.makedirs(args.out, exist_ok=True)
-    log(f"data: {len(runs)} pre-training runs from {os.path.relpath(pre_path)}"
+    log(f"data: {len(runs)} pre-training runs from {pre_path}"
         + (f" ({drop} highest-loss dropped)" if drop else "")
-        + (f"; {len(acceptance)} acceptance pairs from {os.path.relpath(acc_path)}" if acceptance else
+        + (f"; {len(acceptance)} acceptance pairs from {acc_path}" if acceptance else
            "; no acceptance data: plane fixed at SDSL2026"))
 
     last = [0.0]
@@ -204,16 +214,22 @@ def run(args) -> int:
     stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
-    result = pipeline.run(
-        runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
-        acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
-        num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
-        progress_bar=not args.quiet, fit_progress=progress, log=log)
+    log(f"loss law: {family.name}, multi-start L-BFGS from {len(starts)} starts (compiling first)")
+    # NumPyro's bars garble each other with parallel chains; the heartbeat speaks instead.
+    with log.heartbeat(8.0):
+        result = pipeline.run(
+            runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
+            acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
+            num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
+            progress_bar=False, fit_progress=progress, log=log)
     point, post, pred = result.point, result.posterior, result.prediction
     grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
     log(f"N*: solved {len(m_grid) - failed}/{len(m_grid)} grid targets"
         + (f"; mu={float(line.mu):.4e} M0={float(line.m0):.4e}" if line else ""))
+    statuses = np.concatenate([np.asarray(grid_sol.status).ravel(), np.asarray(named_sol.status).ravel()])
+    for code in sorted(set(statuses.tolist()) - {0}):
+        log(f"  {int(np.sum(statuses == code))} target(s) unsolved: {status_message(code)}")
 
     plane = point.plane
     plane_info = (dict(source="fitted (weighted least squares)", model=acceptance_model.name,
@@ -223,14 +239,15 @@ def run(args) -> int:
         command="python -m experiments.fit " + " ".join(args.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         seed=args.seed, versions=versions(),
-        data=dict(pretraining=dict(path=os.path.relpath(pre_path), sha256=sha256(pre_path), runs_used=len(runs),
+        data=dict(pretraining=dict(path=pre_path, sha256=sha256(pre_path), runs_used=len(runs),
                                    dropped_highest_loss=drop),
-                  acceptance=dict(path=os.path.relpath(acc_path), sha256=sha256(acc_path), pairs=len(acceptance))
+                  acceptance=dict(path=acc_path, sha256=sha256(acc_path), pairs=len(acceptance))
                   if acceptance else None),
         settings=dict(dataset=dataset.name, law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
                       recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
                       m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=len(starts),
-                      chains=args.chains, warmup=args.warmup, draws=args.draws),
+                      # NUTS settings only for a run that sampled (no posterior, no settings to record).
+                      **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws) if args.posterior else {})),
         loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=family.name,
                       objective=point.objective, converged=point.converged),
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
@@ -286,10 +303,12 @@ def run(args) -> int:
     if not args.no_figures:
         from sdsl_jax import figures
 
-        made = figures.fit_figures(args.out, result, runs=runs, acceptance=acceptance, d_target=args.d_target,
-                                   recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
-                                   caption="python -m experiments.fit " + " ".join(args.argv))
-        log("figures: " + ", ".join(os.path.relpath(p) for p in made))
+        log("figures: drawing")
+        with log.heartbeat(8.0):
+            made = figures.fit_figures(args.out, result, runs=runs, acceptance=acceptance, d_target=args.d_target,
+                                       recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
+                                       caption="python -m experiments.fit " + " ".join(args.argv))
+        log("figures: " + ", ".join(made))
     else:
         made = []
     # The folder holds this run's files only: drop what an earlier run with other options left.
@@ -302,7 +321,7 @@ def run(args) -> int:
         if path not in written and os.path.isfile(path):
             os.remove(path)
     print_table(summary, args)
-    log(f"wrote {os.path.relpath(os.path.join(args.out, 'summary.json'))}")
+    log(f"wrote {os.path.join(args.out, 'summary.json')}")
     return 3 if (args.strict and strict_failure) else 0
 
 
@@ -352,16 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.argv = argv
-    configure_jax()
-    try:
-        return run(args)
-    except (DataError, UsageError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished stages are kept in {os.path.join(args.out, 'stages')}; rerun the same "
-              "command with --resume to continue", file=sys.stderr)
-        return 130
+    configure_jax(compile_cache=None if args.no_compile_cache else args.compile_cache)
+
+    def checked_run() -> int:
+        try:
+            return run(args)
+        except (DataError, UsageError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+
+    return exit_on_interrupt(checked_run, f"finished stages are kept in {os.path.join(args.out, 'stages')}; rerun "
+                                          "the same command with --resume to continue")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import numpy as np
 
 from experiments.corpus import hellaswag_prompts, load_corpus
 from experiments.ladder import PRESETS, EvalText, load_model
-from experiments.runlog import Log, sha256, versions, write_json
+from experiments.runlog import Log, exit_on_interrupt, sha256, versions, write_json
 from sdsl_jax import SDSL_FLOPS, throughput
 from sdsl_jax.acceptance import acceptance_from_distributions
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, load_speculative, save_acceptance, save_pretraining
@@ -313,6 +313,12 @@ def main(argv=None) -> int:
     preset = PRESETS[args.preset]
     ladder_dir = args.ladder or os.path.join("out", "ladder", preset.name)
     out = args.out or os.path.join(ladder_dir, "measure")
+    return exit_on_interrupt(lambda: _measure(args, argv, preset, ladder_dir, out),
+                             f"finished stages are kept in {os.path.join(out, 'stages')}; rerun the same command to "
+                             "continue")
+
+
+def _measure(args, argv, preset, ladder_dir, out) -> int:
     log = Log(args.quiet)
     need = args.prompt_len + args.new_tokens + max(args.gammas) + 1
     if need > preset.seq_len:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import jax
 import numpy as np
 
+from experiments.runlog import configure_jax
 from sdsl_jax import (
     BESIROGLU2024,
     HOFFMANN2022,
@@ -32,12 +32,16 @@ PRESETS = {"HOFFMANN2022": HOFFMANN2022, "BESIROGLU2024": BESIROGLU2024}
 
 
 def main(argv: list[str] | None = None) -> int:
-    jax.config.update("jax_enable_x64", True)  # set here, not at import: float64 for this run
+    configure_jax()  # here, not at import: float64 and the compilation cache for this run
     parser = argparse.ArgumentParser(prog="python -m experiments.reproduce_paper", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=float, default=1e12, help="D = D' (default 1e12)")
     parser.add_argument("--points", type=int, default=101, help="target sizes in [1e10, 1.1e11] for the line")
     args = parser.parse_args(argv)
+    if not (np.isfinite(args.tokens) and args.tokens > 0):
+        parser.error(f"--tokens must be a positive finite number, got {args.tokens!r}")
+    if args.points < 2:
+        parser.error(f"--points must be at least 2 (the linear law needs two targets), got {args.points}")
 
     m_line = np.linspace(1e10, 1.1e11, args.points)
     print(f"D = D' = {args.tokens:.0e}, plane SDSL2026 (A={SDSL2026.A}, B={SDSL2026.B}, C={SDSL2026.C}).\n")

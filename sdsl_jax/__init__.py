@@ -39,7 +39,8 @@ from sdsl_jax.costs import (
     throughput_under,
 )
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, save_acceptance, save_pretraining
-from sdsl_jax.fitting import fit_acceptance_plane, fit_loss_law, fit_multistart
+from sdsl_jax.fitting import (IdentifiabilityError, check_acceptance_data, check_loss_law_data, fit_acceptance_plane,
+                              fit_loss_law, fit_multistart)
 from sdsl_jax.lambertw import lambertw, lambertw_m1_log
 from sdsl_jax.loss_laws import (
     BESIROGLU2024,
@@ -73,6 +74,8 @@ from sdsl_jax.optimum import (
 )
 from sdsl_jax.recipes import FixedCompute, FixedTokens, TokensPerParameter
 from sdsl_jax.speculative import (
+    acceptance_from_mean_length,
+    acceptance_from_position_counts,
     expected_tokens,
     iteration_cost,
     operations_factor,
@@ -104,6 +107,7 @@ __all__ = [
     "FixedCompute",
     "FixedTokens",
     "HOFFMANN2022",
+    "IdentifiabilityError",
     "KAPLAN",
     "KAPLAN2020",
     "KaplanLaw",
@@ -122,8 +126,12 @@ __all__ = [
     "TokensPerParameter",
     "acceptance_from_counts",
     "acceptance_from_distributions",
+    "acceptance_from_mean_length",
+    "acceptance_from_position_counts",
     "acceptance_rate",
     "best_lookahead",
+    "check_acceptance_data",
+    "check_loss_law_data",
     "draft_acceptance",
     "draft_throughput",
     "expected_tokens",

@@ -27,14 +27,24 @@ Acceptance measurements, ``sdsl-acceptance v1``:
   d_target      yes       target training tokens D', > 0
   ppl_draft     yes       draft perplexity x, >= 1
   ppl_target    yes       target perplexity y, >= 1
-  alpha         yes       acceptance rate, in (0, 1)
+  alpha         yes (a)   acceptance rate, in (0, 1)
   gamma         no        lookahead used, integer >= 1
+  mean_acceptance_length  no   tokens per speculative step at ``gamma``, 1 + mean accepted drafts
+                                (what vLLM / SGLang / HF report), in [1, gamma + 1]
+  accepted_per_position   no   ';'-separated counts of steps whose k-th draft was accepted,
+                                k = 1 .. gamma (vLLM's per-position counters); needs n_iterations
   n_iterations  no        speculative iterations measured, integer >= 1
   accepted      no        accepted draft tokens in total, integer >= 0
   weight        no        regression weight, > 0
   temperature   no        sampling temperature, >= 0
   source        no        where the row comes from
   ============  ========  ======================================================
+
+(a) ``alpha`` may be left blank where a row gives ``mean_acceptance_length`` and ``gamma`` (alpha is
+then the root of ``(1 - alpha^(gamma+1)) / (1 - alpha) = mean_acceptance_length``,
+:func:`sdsl_jax.acceptance_from_mean_length`) or ``accepted_per_position`` and ``n_iterations``
+(the maximum-likelihood alpha, :func:`sdsl_jax.acceptance_from_position_counts`). A row that gives
+more than one must agree within 0.01 in alpha.
 
 Speculative-decoding runs, ``sdsl-speculative v1`` (one row per (target, draft, gamma), written by
 ``experiments.measure``; all counts summed over the prompts):
@@ -147,14 +157,19 @@ ACCEPTANCE_SCHEMA = (
     _col("d_target", "float", True, _POSITIVE),
     _col("ppl_draft", "float", True, _PERPLEXITY),
     _col("ppl_target", "float", True, _PERPLEXITY),
-    _col("alpha", "float", True, _PROBABILITY),
+    _col("alpha", "float", False, _PROBABILITY),
     _col("gamma", "int", False, _AT_LEAST_ONE),
     _col("n_iterations", "int", False, _AT_LEAST_ONE),
     _col("accepted", "int", False, _NON_NEGATIVE),
     _col("weight", "float", False, _POSITIVE),
     _col("temperature", "float", False, _NON_NEGATIVE),
     _col("source", "str", False),
+    _col("mean_acceptance_length", "float", False, _AT_LEAST_ONE_FLOAT),
+    _col("accepted_per_position", "str", False),
 )
+
+ALPHA_AGREEMENT = 0.01
+"""How far two of a row's alpha sources (alpha, mean length, per-position counts) may differ."""
 
 
 SPECULATIVE_SCHEMA = (
@@ -228,7 +243,16 @@ class AcceptanceMeasurements:
     weight: np.ndarray
     temperature: np.ndarray
     source: tuple[str | None, ...]
+    mean_acceptance_length: np.ndarray = None
+    accepted_per_position: tuple[str | None, ...] = None
     path: str | None = None
+
+    def __post_init__(self):
+        n = len(self.alpha)  # optional columns default to "not given" (older callers)
+        if self.mean_acceptance_length is None:
+            object.__setattr__(self, "mean_acceptance_length", np.full(n, np.nan))
+        if self.accepted_per_position is None:
+            object.__setattr__(self, "accepted_per_position", (None,) * n)
 
     def __len__(self) -> int:
         return len(self.alpha)
@@ -329,12 +353,21 @@ def _load(path: str, schema: tuple[_Column, ...]) -> dict[str, list]:
         raise DataError(path, None, None, f"cannot be read ({err.strerror})") from None
     try:
         with handle:
-            return _read_columns(path, csv.DictReader(handle), schema)
+            # strict: a quote that is never closed, or text after a closing quote, is an error.
+            return _read_columns(path, csv.DictReader(handle, strict=True), schema)
     except UnicodeDecodeError as err:
         raise DataError(path, None, None, f"is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
                                           f"{err.start}): a CSV file is expected") from None
-    except csv.Error as err:
-        raise DataError(path, None, None, f"is not a readable CSV file ({err})") from None
+    except _CsvRowError as err:
+        raise DataError(path, err.line, None, f"is not a readable CSV row ({err.reason}): look for an unbalanced "
+                                              'double quote (") on or after this line') from None
+    except csv.Error as err:  # in the header
+        raise DataError(path, 1, None, f"is not a readable CSV header ({err})") from None
+
+
+class _CsvRowError(Exception):
+    def __init__(self, line: int, reason: str):
+        self.line, self.reason = line, reason
 
 
 def _read_columns(path: str, reader: csv.DictReader, schema: tuple[_Column, ...]) -> dict[str, list]:
@@ -346,7 +379,18 @@ def _read_columns(path: str, reader: csv.DictReader, schema: tuple[_Column, ...]
     if repeated:
         raise DataError(path, 1, repeated[0], "appears more than once in the header: which one to use is ambiguous")
     columns: dict[str, list] = {c.name: [] for c in schema}
-    for row in reader:
+    while True:
+        start = reader.line_num + 1  # the physical line this record starts on
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            raise _CsvRowError(start, str(err)) from None
+        if reader.line_num != start:
+            # A quoted field ran over a line end: a stray quote has swallowed the rows after it.
+            raise DataError(path, start, None, f"a quoted field runs from line {start} to line {reader.line_num}: "
+                                               'an unbalanced double quote (") joins rows together')
         if None in row:  # more fields than the header has
             raise DataError(path, reader.line_num, None, f"has {len(header) + len(row[None])} fields, the header {len(header)}")
         for col in schema:
@@ -366,8 +410,63 @@ def load_pretraining(path: str | os.PathLike) -> PretrainingRuns:
 
 
 def load_acceptance(path: str | os.PathLike) -> AcceptanceMeasurements:
-    """Load and validate acceptance measurements; raises :class:`DataError`."""
-    return AcceptanceMeasurements(**_to_arrays(_load(path, ACCEPTANCE_SCHEMA), ACCEPTANCE_SCHEMA), path=os.fspath(path))
+    """Load and validate acceptance measurements; raises :class:`DataError`.
+
+    Rows without ``alpha`` get it from ``mean_acceptance_length`` and ``gamma``, or from
+    ``accepted_per_position`` and ``n_iterations`` (see the schema).
+    """
+    path = os.fspath(path)
+    columns = _to_arrays(_load(path, ACCEPTANCE_SCHEMA), ACCEPTANCE_SCHEMA)
+    columns["alpha"] = _alpha_from_engine_columns(path, columns)
+    return AcceptanceMeasurements(**columns, path=path)
+
+
+def _alpha_from_engine_columns(path: str, c: dict[str, Any]) -> np.ndarray:
+    from sdsl_jax.speculative import acceptance_from_mean_length, acceptance_from_position_counts
+
+    alpha = np.array(c["alpha"], np.float64)
+    for i in range(len(alpha)):
+        line = i + 2  # one physical line per row (multi-line records are refused)
+        sources = {"alpha": alpha[i]} if np.isfinite(alpha[i]) else {}
+        tau, gamma = c["mean_acceptance_length"][i], c["gamma"][i]
+        if np.isfinite(tau):
+            if not np.isfinite(gamma):
+                raise DataError(path, line, "gamma", "is needed with mean_acceptance_length (the lookahead it was "
+                                                     "measured at)")
+            if tau > gamma + 1:
+                raise DataError(path, line, "mean_acceptance_length", f"{tau:g} exceeds gamma + 1 = {gamma + 1:g}: "
+                                "a step yields at most gamma + 1 tokens")
+            sources["mean_acceptance_length"] = float(acceptance_from_mean_length(tau, gamma))
+        counts_text = c["accepted_per_position"][i]
+        if counts_text is not None:
+            column = "accepted_per_position"
+            try:
+                counts = np.array([float(v) for v in counts_text.split(";")])
+            except ValueError:
+                raise DataError(path, line, column, f"{counts_text!r} is not ';'-separated counts") from None
+            steps = c["n_iterations"][i]
+            if not np.isfinite(steps):
+                raise DataError(path, line, "n_iterations", "is needed with accepted_per_position")
+            if np.isfinite(gamma) and len(counts) != gamma:
+                raise DataError(path, line, column, f"has {len(counts)} counts, gamma is {gamma:g}")
+            if not (np.all(counts >= 0) and np.all(counts == np.round(counts)) and counts[0] <= steps
+                    and np.all(np.diff(counts) <= 0)):
+                raise DataError(path, line, column, f"{counts_text!r} must be integers >= 0, at most n_iterations, "
+                                                    "never rising with the position")
+            sources[column] = float(acceptance_from_position_counts(counts, steps))
+        if not sources:
+            raise DataError(path, line, "alpha", "is empty: give alpha, or mean_acceptance_length with gamma, or "
+                                                 "accepted_per_position with n_iterations")
+        values = np.array(list(sources.values()))
+        if values.max() - values.min() > ALPHA_AGREEMENT:
+            raise DataError(path, line, None, "alpha sources disagree by more than "
+                            f"{ALPHA_AGREEMENT}: " + ", ".join(f"{k} -> {v:.4f}" for k, v in sources.items()))
+        value = sources.get("alpha", values[0])
+        if not 0 < value < 1:
+            raise DataError(path, line, next(iter(sources)), f"gives alpha = {value:.6g}, outside the open interval "
+                                                             "(0, 1) the acceptance model needs")
+        alpha[i] = value
+    return alpha
 
 
 def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:

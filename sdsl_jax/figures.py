@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.loss_laws import pretraining_loss
@@ -33,8 +34,8 @@ def format_size(n: float) -> str:
 
 
 def _save(fig: Figure, path: str, caption: str) -> str:
-    # Below the axes' labels (and any offset text such as "1e6"); bbox_inches="tight" keeps it.
-    fig.text(0.99, -0.03, f"made by: {caption}", ha="right", va="top", fontsize=6, color="0.4")
+    # Below the axes' labels, at the left (offset text such as "1e6" sits at the right); bbox_inches="tight" keeps it.
+    fig.text(0.01, -0.03, f"made by: {caption}", ha="left", va="top", fontsize=6, color="0.4")
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=130, bbox_inches="tight")
     os.replace(tmp, path)
@@ -68,20 +69,30 @@ def loss_law_figure(path: str, runs, law, *, family_name: str, caption: str) -> 
     return _save(fig, path, caption)
 
 
+def _size_axis(axis) -> None:
+    # Tick labels with units (20B, 300M) instead of a shared "1e11" offset that collides with text.
+    axis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v) if v else "0"))
+
+
 def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str) -> str:
-    """N*(M) at the point fit, the posterior bands, the fitted line (and the paper's, when asked)."""
+    """N*(M) at the point fit, the posterior bands, the fitted line (and the paper's, when asked).
+
+    With bands, a second panel shows them relative to the posterior median: on the absolute scale
+    a band of a few percent is thinner than the line drawing it.
+    """
     m, n_star, bands, line = prediction.m_grid, np.asarray(prediction.grid.n_star), prediction.bands, \
         prediction.linear_law
-    fig = Figure(figsize=(6.5, 4.5))
-    ax = fig.subplots()
+    fig = Figure(figsize=(12 if bands is not None else 6.5, 4.5))
+    axes = fig.subplots(1, 2 if bands is not None else 1, gridspec_kw=dict(wspace=0.3) if bands is not None else None)
+    ax = axes[0] if bands is not None else axes
     if bands is not None:
         q = list(bands.quantiles)
-        ax.fill_between(m, bands.n_star[q.index(0.05)], bands.n_star[q.index(0.95)], alpha=0.2, color="C0",
+        ax.fill_between(m, bands.n_star[q.index(0.05)], bands.n_star[q.index(0.95)], alpha=0.3, color="C0",
                         label="posterior 90% band")
-        ax.fill_between(m, bands.n_star[q.index(0.25)], bands.n_star[q.index(0.75)], alpha=0.35, color="C0",
+        ax.fill_between(m, bands.n_star[q.index(0.25)], bands.n_star[q.index(0.75)], alpha=0.5, color="C0",
                         label="50% band")
         ax.plot(m, bands.n_star[q.index(0.5)], color="C0", lw=1, ls=":", label="posterior median")
-    ax.plot(m, n_star, color="C0", lw=2, label="N* at the point fit")
+    ax.plot(m, n_star, color="C3" if bands is not None else "C0", lw=1.2, label="N* at the point fit")
     if line is not None:
         ax.plot(m, float(line.mu) * m + float(line.m0), color="C2", lw=1,
                 label=f"fitted line: mu={float(line.mu):.3g}, M0={float(line.m0):.3g}")
@@ -89,7 +100,22 @@ def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str
         mu, m0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
         ax.plot(m, mu * m + m0, "k--", lw=1, label=f"SDSL paper: {mu:.3g} M + {m0:.3g}")
     ax.set(xlabel="target size M (parameters)", ylabel="optimal draft size N*", title="N*(M)")
+    _size_axis(ax.xaxis)
+    _size_axis(ax.yaxis)
     ax.legend(fontsize=8)
+    if bands is not None:
+        rel = axes[1]
+        median = bands.n_star[q.index(0.5)]
+        rel.fill_between(m, bands.n_star[q.index(0.05)] / median, bands.n_star[q.index(0.95)] / median, alpha=0.3,
+                         color="C0", label="90% band")
+        rel.fill_between(m, bands.n_star[q.index(0.25)] / median, bands.n_star[q.index(0.75)] / median, alpha=0.5,
+                         color="C0", label="50% band")
+        rel.plot(m, n_star / median, color="C3", lw=1.2, label="point fit")
+        rel.axhline(1.0, color="k", lw=0.6)
+        rel.set(xlabel="target size M (parameters)", ylabel="N* / posterior median",
+                title="The bands relative to the posterior median")
+        _size_axis(rel.xaxis)
+        rel.legend(fontsize=8)
     return _save(fig, path, caption)
 
 

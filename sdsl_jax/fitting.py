@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
+from sdsl_jax.data import DataError
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.loss_laws import (CHINCHILLA, EPOCH_GRID, LossLaw, LossLawFamily, law_from_theta,  # noqa: F401
                                 loss_law_log_prediction, theta_from_law)
@@ -45,6 +46,9 @@ __all__ = [
     "theta_from_law",
     "fit_loss_law",
     "fit_acceptance_plane",
+    "IdentifiabilityError",
+    "check_loss_law_data",
+    "check_acceptance_data",
 ]
 
 
@@ -262,6 +266,48 @@ class LossLawFit(NamedTuple):
     family: LossLawFamily = CHINCHILLA
 
 
+class IdentifiabilityError(DataError):
+    """Data that cannot identify a model's coefficients; names the file (if any) and the column."""
+
+    def __init__(self, column: str | None, problem: str, *, source: str | None = None):
+        super().__init__(source or "data", None, column, problem)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    # Values equal to 12 significant digits are one value (a CSV round trip must not split them).
+    return np.unique(np.round(np.log(values) if np.all(values > 0) else values, 12))
+
+
+def check_loss_law_data(n_params: ArrayLike, n_tokens: ArrayLike, loss: ArrayLike, *,
+                        family: LossLawFamily = CHINCHILLA, source: str | None = None) -> None:
+    """Refuse data that cannot identify ``family``'s coefficients, before any fitting.
+
+    Rules: more runs than coefficients (so a residual scale exists), at least
+    ``family.min_sizes`` distinct N and ``family.min_budgets`` distinct D (a term with k
+    coefficients in one variable needs k + 1 distinct values), and a loss that varies.
+
+    Raises:
+      IdentifiabilityError: naming the column and the reason (and ``source``, a file, if given).
+    """
+    columns = {"n_params": np.asarray(n_params, np.float64).ravel(), "n_tokens": np.asarray(n_tokens, np.float64).ravel(),
+               "loss": np.asarray(loss, np.float64).ravel()}
+    rows = len(columns["loss"])
+    if rows < family.num_params + 1:
+        raise IdentifiabilityError(None, f"{rows} run(s) cannot identify the {family.name} law's {family.num_params} "
+                                         f"coefficients ({', '.join(family.theta_names)}): at least "
+                                         f"{family.num_params + 1} are needed", source=source)
+    needs = (("n_params", family.min_sizes, "model sizes N", "N term"),
+             ("n_tokens", family.min_budgets, "token budgets D", "D term"))
+    for column, minimum, what, term in needs:
+        count = len(_distinct(columns[column]))
+        if count < minimum:
+            raise IdentifiabilityError(column, f"has {count} distinct value(s) in {rows} rows; the {family.name} law's "
+                                               f"{term} needs at least {minimum} distinct {what}", source=source)
+    if len(_distinct(columns["loss"])) < 2:
+        raise IdentifiabilityError("loss", f"takes one value ({columns['loss'][0]:g}) in all {rows} rows: nothing "
+                                           "to fit", source=source)
+
+
 def fit_loss_law(
     n_params: ArrayLike,
     n_tokens: ArrayLike,
@@ -299,6 +345,8 @@ def fit_loss_law(
       Besiroglu, Erdil, Barnett & You (2024), arXiv 2404.10102, section 3 and appendix.
     """
     _require_x64("fit_loss_law")
+    if not any(isinstance(v, jax.core.Tracer) for v in (n_params, n_tokens, loss)):
+        check_loss_law_data(n_params, n_tokens, loss, family=family)
     data = tuple(jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
     starts = jnp.asarray(family.starts(*data) if starts is None else starts, jnp.float64)
     if starts.ndim != 2 or starts.shape[1] != family.num_params:
@@ -320,6 +368,34 @@ class PlaneFit(NamedTuple):
     residual_std: jax.Array  # weighted RMS residual
 
 
+def check_acceptance_data(ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *,
+                          model: AcceptanceModel = PLANE, source: str | None = None) -> None:
+    """Refuse acceptance data that cannot identify ``model``'s A, B and C, before fitting.
+
+    Rules: at least 4 rows (3 coefficients and a residual); each regressor (draft and target
+    perplexity, through ``model.features``) takes at least two values; the two are not collinear
+    (then A and B cannot be told apart).
+
+    Raises:
+      IdentifiabilityError: naming the column and the reason.
+    """
+    x, y, a = (np.asarray(v, np.float64).ravel() for v in (ppl_draft, ppl_target, alpha))
+    if len(a) < 4:
+        raise IdentifiabilityError(None, f"{len(a)} acceptance row(s) cannot identify the {model.name} model's 3 "
+                                         "coefficients (A, B, C): at least 4 are needed", source=source)
+    u, v = (np.asarray(f, np.float64) for f in model.features(x, y))
+    for column, raw, feature, coef in (("ppl_draft", x, u, "A"), ("ppl_target", y, v, "B")):
+        if len(_distinct(raw)) < 2:
+            raise IdentifiabilityError(column, f"takes one value ({raw[0]:g}) in all {len(a)} rows: its coefficient "
+                                               f"{coef} cannot be identified", source=source)
+    cu, cv = u - u.mean(), v - v.mean()
+    correlation = float(cu @ cv / np.sqrt((cu @ cu) * (cv @ cv)))
+    if abs(correlation) > 1 - 1e-9:
+        raise IdentifiabilityError("ppl_target", f"is collinear with ppl_draft in the {model.name} model's features "
+                                                 f"(correlation {correlation:+.10f}): A and B cannot be told apart",
+                                   source=source)
+
+
 def fit_acceptance_plane(
     ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None,
     model: AcceptanceModel = PLANE,
@@ -339,6 +415,8 @@ def fit_acceptance_plane(
     References:
       SDSL (2026), arXiv 2603.11053 (paper fit: A = -0.0067, B = 0.01297, C = 0.642, R^2 = 0.602).
     """
+    if not any(isinstance(v, jax.core.Tracer) for v in (ppl_draft, ppl_target, alpha)):
+        check_acceptance_data(ppl_draft, ppl_target, alpha, model=model)
     x, y, a = (jnp.asarray(v, jnp.result_type(float)) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, a.dtype)
     sw = jnp.sqrt(w / w.sum())

@@ -12,7 +12,10 @@ the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and 
 * ``start_grid``: starts of the multi-start fit, an array of rows ``theta`` or a function of the
   data ``(log_n, log_d, log_loss) -> array`` (for a break that must lie inside the data);
 * ``prior()``: inside a NumPyro model, one ``numpyro.sample`` per name of ``theta_names`` (in that
-  order), returning ``theta``.
+  order), returning ``theta``;
+* ``min_sizes`` / ``min_budgets``: distinct model sizes N and token budgets D the data need before
+  the law's N and D terms are identified (a term with k coefficients in one variable needs k + 1
+  distinct values of it); :func:`sdsl_jax.fitting.check_loss_law_data` refuses less.
 
 Shipped families (``FAMILIES`` maps their names to them):
 
@@ -368,6 +371,8 @@ class LossLawFamily:
     prior: Callable[[], jax.Array]
     log_loss: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
     description: str = ""
+    min_sizes: int = 0
+    min_budgets: int = 0
 
     def log_prediction(self, theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
         """log L at ``theta``: the family's stable form, else ``log(law.loss(N, D))``."""
@@ -391,19 +396,21 @@ class LossLawFamily:
 CHINCHILLA = LossLawFamily(
     name="chinchilla", law_type=LossLaw, theta_names=("a", "b", "e", "alpha", "beta"), from_theta=law_from_theta,
     to_theta=theta_from_law, start_grid=EPOCH_GRID, prior=_chinchilla_prior, log_loss=loss_law_log_prediction,
-    description="E + A/N^alpha + B/D^beta (Hoffmann et al. 2022; the paper's law)")
+    description="E + A/N^alpha + B/D^beta (Hoffmann et al. 2022; the paper's law)", min_sizes=3, min_budgets=3)
 KAPLAN = LossLawFamily(
     name="kaplan", law_type=KaplanLaw, theta_names=("log_N_c", "log_D_c", "alpha_N", "alpha_D"),
     from_theta=_kaplan_from_theta, to_theta=_kaplan_to_theta, start_grid=_KAPLAN_GRID, prior=_kaplan_prior,
-    log_loss=_kaplan_log_loss, description="((N_c/N)^(alpha_N/alpha_D) + D_c/D)^alpha_D (Kaplan et al. 2020)")
+    log_loss=_kaplan_log_loss, description="((N_c/N)^(alpha_N/alpha_D) + D_c/D)^alpha_D (Kaplan et al. 2020)",
+    min_sizes=3, min_budgets=3)
 BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
-    description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)")
+    description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)",
+    min_sizes=3, min_budgets=6)
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,
-    description="E + B/D^beta (no model-size term)")
+    description="E + B/D^beta (no model-size term)", min_budgets=3)
 
 FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BROKEN_POWER_LAW, DATA_ONLY)}
 """The shipped loss-law families by name (the CLIs' ``--law`` choices)."""

@@ -289,6 +289,8 @@ def sample_posterior(
                                       weights=acceptance.regression_weights(), model=point.acceptance_model,
                                       seed=plane_seed, **kw)
 
+        log(f"posterior: loss law done (max R-hat {law_run.diagnostics.max_rhat:.3f}); sampling the acceptance "
+            "model")
         plane_run, reused = stages.posterior("plane_posterior", plane_sample) if stages else (plane_sample(), False)
         if reused:
             log("posterior: acceptance draws reused from an earlier run (--resume)")
@@ -441,12 +443,14 @@ def run(
                                 num_samples=num_samples, seed=seed, progress_bar=progress_bar, stages=stages,
                                 log=log)
         draws = paired_draws(post)
-        log("propagating posterior draws to N*(M)")
+    log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
+        + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,
                                     cost=cost, draws=draws,
                                     progress=lambda d, t: log(f"  {d}/{t} draws solved"))
     sensitivity = None
     if not point.plane_fitted:
+        log("sensitivity: d log N* / d log |A, B, C| of the fixed plane, by implicit derivatives")
         sensitivity = bayes.plane_sensitivity(targets, law=point.law, plane=point.plane, d_target=d_target,
                                               recipe=recipe, cost=cost)
     return PipelineResult(point, post, prediction, sensitivity, draws)

@@ -46,6 +46,8 @@ from sdsl_jax.lambertw import lambertw_m1_log_shifted
 
 __all__ = [
     "expected_tokens",
+    "acceptance_from_mean_length",
+    "acceptance_from_position_counts",
     "iteration_cost",
     "throughput",
     "speedup",
@@ -87,6 +89,83 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike) -> jax.Array:
     alpha, gamma = as_float(alpha, gamma)
     ok = _valid_alpha(alpha) & (gamma >= 0)
     return _nan_unless(ok, _expected_tokens(alpha, jnp.where(ok, gamma, 0.0)))
+
+
+@jax.custom_jvp
+def _invert_expected_tokens(tau: jax.Array, gamma: jax.Array) -> jax.Array:
+    # E(alpha) = 1 + alpha + ... + alpha^gamma rises strictly on (0, 1): bisection, 100 halvings
+    # (below float64 resolution), fully vectorised; the derivative comes from the jvp rule.
+    def halve(_, bracket):
+        lo, hi = bracket
+        mid = 0.5 * (lo + hi)
+        below = _expected_tokens(mid, gamma) < tau
+        return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, 100, halve, (jnp.zeros_like(tau), jnp.ones_like(tau)))
+    return 0.5 * (lo + hi)
+
+
+@_invert_expected_tokens.defjvp
+def _invert_expected_tokens_jvp(primals, tangents):
+    # Implicit function theorem on E(alpha, gamma) = tau:
+    # d alpha = (d tau - dE/dgamma d gamma) / (dE/dalpha).
+    tau, gamma = primals
+    d_tau, d_gamma = tangents
+    alpha = _invert_expected_tokens(tau, gamma)
+    inner = jnp.clip(alpha, 1e-12, 1 - 1e-12)  # the derivatives' limits at 0 and 1 are finite
+    _, de_dalpha = jax.jvp(lambda a: _expected_tokens(a, gamma), (inner,), (jnp.ones_like(inner),))
+    _, de_dgamma = jax.jvp(lambda g: _expected_tokens(inner, g), (gamma,), (jnp.ones_like(gamma),))
+    return alpha, (d_tau - de_dgamma * d_gamma) / de_dalpha
+
+
+def acceptance_from_mean_length(mean_length: ArrayLike, gamma: ArrayLike) -> jax.Array:
+    """Alpha from a mean acceptance length: the root of ``(1 - alpha^(gamma+1)) / (1 - alpha) = tau``.
+
+    Serving engines (vLLM, SGLang, HF assisted generation) report the mean number of tokens
+    produced per speculative step at a fixed lookahead; under i.i.d. acceptance that is
+    :func:`expected_tokens`, which rises strictly in alpha, so alpha is unique.
+
+    Args:
+      mean_length: tau, tokens per step INCLUDING the target's own token (1 + mean accepted
+        drafts), in ``[1, gamma + 1]``. An engine that reports accepted drafts only gives tau - 1.
+      gamma: the lookahead the engine used, >= 1.
+
+    Returns:
+      alpha in [0, 1]; NaN outside the model. Differentiable in both arguments (implicit
+      function theorem, a ``custom_jvp``).
+
+    References:
+      Leviathan et al. (2023), eq. 1 (the forward map).
+    """
+    tau, gamma = as_float(mean_length, gamma)
+    ok = (gamma >= 1) & (tau >= 1) & (tau <= gamma + 1)
+    alpha = _invert_expected_tokens(jnp.where(ok, tau, 1.5), jnp.where(ok, gamma, 1.0))
+    # The ends exactly: nothing accepted is alpha = 0, everything accepted alpha = 1.
+    alpha = jnp.where(tau == 1, 0.0, jnp.where(tau == gamma + 1, 1.0, alpha))
+    return _nan_unless(ok, alpha)
+
+
+def acceptance_from_position_counts(position_counts: ArrayLike, iterations: ArrayLike) -> jax.Array:
+    """Maximum-likelihood alpha from per-position acceptance counts.
+
+    ``position_counts[..., k - 1]`` = number of steps whose k-th drafted token was accepted
+    (k = 1 .. gamma; vLLM's and SGLang's per-position acceptance counters), ``iterations`` the
+    number of steps. Each step accepts drafts until its first rejection, so accepted tokens total
+    ``S = sum_k n_k`` and rejections ``iterations - n_gamma``; the likelihood
+    ``alpha^S (1 - alpha)^(iterations - n_gamma)`` peaks at
+    ``alpha = S / (S + iterations - n_gamma) = sum_{k=1..gamma} n_k / sum_{k=0..gamma-1} n_k``
+    with ``n_0 = iterations`` (the same estimator as :func:`sdsl_jax.acceptance_from_counts`).
+
+    Returns:
+      alpha over the last axis; NaN for counts that cannot come from such steps (negative,
+      increasing with k, or above ``iterations``) or with no data.
+    """
+    n, steps = as_float(position_counts, iterations)
+    steps = jnp.asarray(steps)[..., None]
+    previous = jnp.concatenate([steps, n[..., :-1]], axis=-1)
+    ok = jnp.all((n >= 0) & (n <= previous), axis=-1) & (steps[..., 0] >= 1)
+    denominator = previous.sum(-1)
+    return _nan_unless(ok & (denominator > 0), n.sum(-1) / jnp.where(denominator > 0, denominator, 1.0))
 
 
 def iteration_cost(

@@ -8,6 +8,9 @@ import os
 
 # Multi-device paths (sharding) are exercised on the CPU; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# The CLIs' persistent compilation cache stays out of the user's home while testing (a test turns
+# it on explicitly in a temporary folder).
+os.environ.setdefault("SDSL_JAX_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -1,6 +1,7 @@
 """Dataset schemas: round trips, the shipped Chinchilla data, and an error for every kind of bad row."""
 
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -117,7 +118,8 @@ def test_byte_order_mark_is_accepted(tmp_path):
     (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", "is not UTF-8 text"),  # gzip
     (b"n_params,n_tokens,loss,loss\n1e6,2e7,3.0,4.0\n", "column 'loss': appears more than once"),
     (b"n_params,n_tokens,loss\n1_000_000,2e7,3.0\n", "'1_000_000' is not a number"),
-    (b"n_params,n_tokens,loss\n1e6,2e7," + b"1" * 140_000 + b"\n", "is not a readable CSV file"),
+    (b"n_params,n_tokens,loss\n1e6,2e7," + b"1" * 140_000 + b"\n", ":2: is not a readable CSV row"),
+    (b"n_params,n_tokens,loss," + b"x" * 140_000 + b"\n1e6,2e7,3.0,a\n", ":1: is not a readable CSV header"),
 ])
 def test_unreadable_files_are_data_errors(tmp_path, content, fragment):
     path = tmp_path / "bad.csv"
@@ -125,3 +127,65 @@ def test_unreadable_files_are_data_errors(tmp_path, content, fragment):
     with pytest.raises(DataError, match=fragment) as info:
         load_pretraining(path)
     assert str(path) in str(info.value)
+
+
+def _rows(count):
+    return "".join(f"{1e6 * (i + 1)},{2e7 * (i + 1)},{3.0 - 0.01 * i},run{i}\n" for i in range(count))
+
+
+@pytest.mark.parametrize("text, line, fragment", [
+    # A stray quote opening a name swallows the following rows into one field (before: 40 of 50
+    # rows vanished into it and the other 10 were fitted).
+    (PRETRAINING_HEADER + _rows(3) + '1e9,2e10,2.5,"stray\n' + _rows(40) + 'x",\n' + _rows(6), 5,
+     "quoted field runs from line 5 to line 46"),
+    (PRETRAINING_HEADER + _rows(3) + '1e9,2e10,2.5,"unterminated\n', 5, "unexpected end of data"),
+    (PRETRAINING_HEADER + _rows(3) + '1e9,2e10,2.5,"closed"then text\n', 5, "expected after"),
+])
+def test_unbalanced_quotes_are_refused_with_the_line(tmp_path, text, line, fragment):
+    with pytest.raises(DataError, match=fragment) as info:
+        load_pretraining(write(tmp_path, text))
+    assert info.value.line == line
+
+
+def test_a_quoted_comma_in_a_name_is_still_fine(tmp_path):
+    runs = load_pretraining(write(tmp_path, PRETRAINING_HEADER + '1e6,2e7,3.0,"run, with comma"\n'))
+    assert runs.name == ("run, with comma",)
+
+
+ENGINE_HEADER = ("draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha,gamma,n_iterations,"
+                 "mean_acceptance_length,accepted_per_position\n")
+
+
+def _engine_row(alpha="", gamma="", steps="", tau="", counts=""):
+    return f"d,t,1e6,1e8,2e10,2e11,20,8,{alpha},{gamma},{steps},{tau},{counts}\n"
+
+
+def test_alpha_from_a_serving_engines_mean_acceptance_length_and_position_counts(tmp_path):
+    from sdsl_jax import expected_tokens
+
+    tau = float(expected_tokens(0.7, 4.0))
+    text = ENGINE_HEADER + _engine_row(gamma="4", tau=repr(tau)) + _engine_row(
+        gamma="3", steps="1000", counts="700;490;343") + _engine_row(alpha="0.7", gamma="4", tau=repr(tau))
+    acc = load_acceptance(write(tmp_path, text))
+    np.testing.assert_allclose(acc.alpha, [0.7, (700 + 490 + 343) / (1000 + 700 + 490), 0.7], rtol=1e-12)
+    # The old schema (no engine columns) still loads, and a save/load round trip keeps the columns.
+    save_acceptance(acc, tmp_path / "again.csv")
+    np.testing.assert_allclose(load_acceptance(tmp_path / "again.csv").mean_acceptance_length[0], tau)
+
+
+@pytest.mark.parametrize("row, column, fragment", [
+    (_engine_row(), "alpha", "give alpha, or mean_acceptance_length with gamma"),
+    (_engine_row(tau="2.5"), "gamma", "is needed with mean_acceptance_length"),
+    (_engine_row(gamma="3", tau="4.5"), "mean_acceptance_length", "exceeds gamma + 1 = 4"),
+    (_engine_row(gamma="3", tau="0.5"), "mean_acceptance_length", "must be >= 1"),
+    (_engine_row(gamma="3", tau="1"), "mean_acceptance_length", "outside the open interval"),
+    (_engine_row(gamma="2", counts="5;9", steps="10"), "accepted_per_position", "never rising"),
+    (_engine_row(gamma="2", counts="5;x", steps="10"), "accepted_per_position", "';'-separated counts"),
+    (_engine_row(gamma="3", counts="5;4", steps="10"), "accepted_per_position", "has 2 counts, gamma is 3"),
+    (_engine_row(gamma="2", counts="5;4"), "n_iterations", "needed with accepted_per_position"),
+    (_engine_row(alpha="0.5", gamma="4", tau="3.0"), None, "alpha sources disagree"),
+])
+def test_engine_columns_are_validated_per_row(tmp_path, row, column, fragment):
+    with pytest.raises(DataError, match=re.escape(fragment)) as info:
+        load_acceptance(write(tmp_path, ENGINE_HEADER + row))
+    assert (info.value.line, info.value.column) == (2, column)

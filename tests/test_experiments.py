@@ -204,3 +204,56 @@ def test_closure_compares_predicted_and_measured_best_drafts(micro_ladder, tmp_p
 def test_closure_reports_missing_data(tmp_path, capsys):
     assert closure.main(["--data", str(tmp_path), "--quiet"]) == 2
     assert "pretraining" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, body", [("ladder", "_train_ladder"), ("measure", "_measure"),
+                                          ("closure", "_close")])
+def test_ctrl_c_in_long_commands_exits_130_with_one_line(module, body, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    cli = importlib.import_module(f"experiments.{module}")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, body, interrupted)
+    argv = {"ladder": ["--out", str(tmp_path)], "measure": ["--ladder", str(tmp_path)],
+            "closure": ["--data", str(tmp_path)]}[module]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: " in err and "rerun the same command" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, fragment", [(["--points", "1"], "--points must be at least 2"),
+                                            (["--tokens", "0"], "--tokens must be a positive finite number"),
+                                            (["--tokens", "nan"], "--tokens must be a positive finite number")])
+def test_reproduce_paper_refuses_bad_arguments_with_exit_2(args, fragment, capsys):
+    from experiments import reproduce_paper
+
+    with pytest.raises(SystemExit) as info:
+        reproduce_paper.main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_the_clis_persistent_compilation_cache_is_written_and_can_be_turned_off(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from experiments.runlog import default_compile_cache
+
+    cache = tmp_path / "xla"
+    env = dict(os.environ, SDSL_JAX_COMPILE_CACHE=str(cache))
+    run = subprocess.run([sys.executable, "-m", "experiments.reproduce_paper", "--points", "3"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert cache.is_dir() and any(cache.iterdir())  # compiled programs were stored
+    for off in ("off", "OFF", "0", ""):
+        monkeypatch.setenv("SDSL_JAX_COMPILE_CACHE", off)
+        assert default_compile_cache() is None
+    monkeypatch.delenv("SDSL_JAX_COMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_compile_cache() == str(tmp_path / "sdsl-jax" / "xla")

@@ -187,3 +187,62 @@ def test_summary_is_strict_json_and_the_folder_holds_one_run(tmp_path):
     summary = json.loads((out / "summary.json").read_text(), parse_constant=reject)
     assert summary["targets"][1]["n_star"] is None and summary["targets"][1]["status"] != 0
     assert not (out / "loss_law_posterior.nc").exists()
+
+
+def _shipped_rows():
+    lines = open(SHIPPED).read().splitlines()
+    return lines[0], lines[1:]
+
+
+def _acceptance_rows(tmp_path):
+    path = synthetic_acceptance(tmp_path / "good_acceptance.csv", np.random.default_rng(0))
+    lines = open(path).read().splitlines()
+    return lines[0], lines[1:]
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("pretraining_1_row", "1 run(s) cannot identify the chinchilla law's 5 coefficients"),
+    ("pretraining_2_rows", "2 run(s) cannot identify"),
+    ("pretraining_5_rows", "5 run(s) cannot identify"),
+    ("pretraining_240_identical", "column 'n_params': has 1 distinct value(s) in 240 rows"),
+    ("pretraining_one_budget", "column 'n_tokens': has 1 distinct value(s)"),
+    ("acceptance_2_rows", "2 acceptance row(s) cannot identify"),
+    ("acceptance_84_identical", "column 'ppl_draft': takes one value"),
+    ("acceptance_constant_target", "column 'ppl_target': takes one value"),
+    ("acceptance_collinear", "column 'ppl_target': is collinear with ppl_draft"),
+])
+def test_data_that_cannot_identify_the_model_exit_2_naming_the_file(tmp_path, capsys, case, fragment):
+    # Before: these "converged" with status SUCCESS (N* = 1.8 parameters for 13B from 240 identical runs).
+    header, rows = _shipped_rows()
+    a_header, a_rows = _acceptance_rows(tmp_path)
+    pre, acc = tmp_path / "pre.csv", None
+    kind, _, what = case.partition("_")
+    if kind == "pretraining":
+        chosen = {"1_row": rows[:1], "2_rows": rows[:2], "5_rows": rows[:5], "240_identical": [rows[0]] * 240,
+                  "one_budget": [f"{1e8 * (i + 1)},1e10,{3 - 0.01 * i}" for i in range(20)]}[what]
+        if what == "one_budget":
+            header = "n_params,n_tokens,loss"
+        pre.write_text("\n".join([header] + chosen) + "\n")
+    else:
+        pre.write_text("\n".join([header] + rows) + "\n")
+        acc = tmp_path / "acc.csv"
+        cells = [r.split(",") for r in a_rows]
+        if what == "2_rows":
+            cells = cells[:2]
+        elif what == "84_identical":
+            cells = [cells[0]] * 84
+        elif what == "constant_target":
+            for c in cells:
+                c[7] = "9.5"
+        elif what == "collinear":
+            for c in cells:
+                c[7] = repr(2.0 * float(c[6]) + 1.0)
+        acc.write_text("\n".join([a_header] + [",".join(c) for c in cells]) + "\n")
+    out = tmp_path / "out"
+    args = ["--pretraining", str(pre), "--out", str(out), "--quiet", "--no-figures"]
+    args += ["--acceptance", str(acc)] if acc else []
+    assert fit_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err, err
+    assert str(acc if acc else pre) in err and "Traceback" not in err
+    assert not out.exists()

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sdsl_jax import HOFFMANN2022, SDSL2026, acceptance_rate, pretraining_loss
+from sdsl_jax import (ACCEPTANCE_MODELS, CHINCHILLA, FAMILIES, HOFFMANN2022, SDSL2026, IdentifiabilityError,
+                      acceptance_rate, check_loss_law_data, pretraining_loss)
 from sdsl_jax.data import load_pretraining
 from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit_multistart
 
@@ -89,3 +90,52 @@ def test_acceptance_plane_recovery_and_weights():
     np.testing.assert_allclose(fit.plane, want, rtol=1e-10)
     np.testing.assert_allclose(fit_acceptance_plane(x, y, noisy, weights=3 * w).plane, want, rtol=1e-10)
     assert 0 < float(fit.r_squared) < 1
+
+
+def _grid_runs(sizes, budgets):
+    n, d = (np.array(v, np.float64).ravel() for v in np.meshgrid(sizes, budgets))
+    return n, d, HOFFMANN2022.loss(n, d)
+
+
+@pytest.mark.parametrize("family, sizes, budgets, column, fragment", [
+    ("chinchilla", [1e7, 1e8], [1e9, 1e10, 1e11], "n_params", "at least 3 distinct model sizes N"),
+    ("chinchilla", [1e7, 1e8, 1e9], [1e9, 1e10], "n_tokens", "at least 3 distinct token budgets D"),
+    ("broken", [1e7, 1e8, 1e9], [1e9, 3e9, 1e10, 3e10, 1e11], "n_tokens", "at least 6 distinct token budgets D"),
+    ("kaplan", [1e7, 1e8], [1e9, 1e10, 1e11], "n_params", "N term needs at least 3"),
+    ("data", [1e7, 1e8], [1e9, 1e10], "n_tokens", "at least 3 distinct token budgets"),
+])
+def test_loss_law_data_that_cannot_identify_the_family_are_refused(family, sizes, budgets, column, fragment):
+    n, d, loss = _grid_runs(sizes, budgets)
+    with pytest.raises(IdentifiabilityError, match=fragment) as info:
+        fit_loss_law(n, d, loss, family=FAMILIES[family], starts=FAMILIES[family].starts(
+            np.log(n), np.log(d), np.log(loss))[:1])
+    assert info.value.column == column
+
+
+def test_loss_law_identifiability_accepts_enough_data_and_counts_rows():
+    n, d, loss = _grid_runs([1e7, 1e8, 1e9], [1e9, 1e10, 1e11])
+    check_loss_law_data(n, d, loss, family=CHINCHILLA)  # 9 runs, 3 x 3: identified
+    one_size = np.full(4, 1e8), np.array([1e9, 1e10, 1e11, 1e12])
+    check_loss_law_data(*one_size, HOFFMANN2022.loss(*one_size), family=FAMILIES["data"])  # no N term: one N is fine
+    with pytest.raises(IdentifiabilityError, match="5 run.s. cannot identify the chinchilla law's 5"):
+        check_loss_law_data(n[:5], d[:5], loss[:5], family=CHINCHILLA)
+    with pytest.raises(IdentifiabilityError, match="takes one value"):
+        check_loss_law_data(n, d, np.full_like(loss, 3.0), family=CHINCHILLA)
+
+
+@pytest.mark.parametrize("model", ["plane", "log-plane"])
+def test_acceptance_data_that_cannot_identify_the_plane_are_refused(model):
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(8, 40, 30), rng.uniform(4, 12, 30)
+    alpha = 0.7 - 0.005 * x + 0.01 * y
+    m = ACCEPTANCE_MODELS[model]
+    fit_acceptance_plane(x, y, alpha, model=m)  # well posed
+    for args, column, fragment in [
+        ((x[:3], y[:3], alpha[:3]), None, "3 acceptance row"),
+        ((x, np.full_like(y, 9.0), alpha), "ppl_target", "B cannot be identified"),
+        ((np.full_like(x, 20.0), y, alpha), "ppl_draft", "A cannot be identified"),
+        ((x, x, alpha), "ppl_target", "collinear"),
+    ]:
+        with pytest.raises(IdentifiabilityError, match=fragment) as info:
+            fit_acceptance_plane(*args, model=m)
+        assert info.value.column == column

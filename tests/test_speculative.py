@@ -10,6 +10,9 @@ from jax.test_util import check_grads
 
 from experiments import numpy_reference
 from sdsl_jax import (
+    acceptance_from_counts,
+    acceptance_from_mean_length,
+    acceptance_from_position_counts,
     expected_tokens,
     operations_factor,
     optimal_integer_lookahead,
@@ -160,3 +163,43 @@ def test_vmapped_over_a_grid(maybe_jit):
     assert got.shape == (7, 5)
     vm = jax.vmap(jax.vmap(optimal_lookahead, (None, 0, None)), (0, None, None))(alpha[:, 0], c[0], 1.0)
     np.testing.assert_allclose(got, vm, rtol=1e-14)
+
+
+@pytest.mark.parametrize("alpha, gamma", [(0.01, 1.0), (0.3, 3.0), (0.62, 5.0), (0.9, 7.0), (0.999, 12.0), (0.5, 2.5)])
+def test_mean_acceptance_length_inverts_expected_tokens(alpha, gamma):
+    tau = float(expected_tokens(alpha, gamma))
+    # Oracle: SciPy's bracketing root finder on the forward map.
+    oracle = scipy.optimize.brentq(lambda a: float(expected_tokens(a, gamma)) - tau, 1e-12, 1 - 1e-12, xtol=1e-15)
+    got = float(acceptance_from_mean_length(tau, gamma))
+    assert got == pytest.approx(alpha, abs=1e-12) and got == pytest.approx(oracle, abs=1e-11)
+
+
+def test_mean_acceptance_length_gradients_match_finite_differences():
+    def f(tau, gamma):
+        return float(acceptance_from_mean_length(tau, gamma))
+
+    for tau, gamma in [(1.3, 1.5), (2.2, 5.0), (6.5, 7.0)]:  # inside the domain (gamma >= 1) for central differences
+        d_tau, d_gamma = (float(d) for d in jax.grad(acceptance_from_mean_length, (0, 1))(tau, gamma))
+        h = 1e-6
+        assert d_tau == pytest.approx((f(tau + h, gamma) - f(tau - h, gamma)) / (2 * h), rel=1e-6)
+        assert d_gamma == pytest.approx((f(tau, gamma + h) - f(tau, gamma - h)) / (2 * h), rel=1e-6)
+    batched = jax.jit(jax.vmap(jax.grad(acceptance_from_mean_length)))(jnp.array([1.5, 3.0]), jnp.array([3.0, 3.0]))
+    assert np.all(np.isfinite(batched))
+
+
+def test_mean_acceptance_length_edges_and_bad_input():
+    got = acceptance_from_mean_length(jnp.array([1.0, 4.0, 0.5, 5.0, 2.0]), jnp.array([3.0, 3.0, 3.0, 3.0, 0.0]))
+    assert got[0] == pytest.approx(0.0, abs=1e-12) and got[1] == pytest.approx(1.0, abs=1e-12)
+    assert np.all(np.isnan(got[2:]))  # tau < 1, tau > gamma + 1, gamma < 1
+
+
+def test_position_counts_give_the_same_alpha_as_per_iteration_counts():
+    rng = np.random.default_rng(0)
+    gamma, steps = 5, 20_000
+    accepted = np.minimum(rng.geometric(1 - 0.7, steps) - 1, gamma)
+    counts = np.array([(accepted >= k).sum() for k in range(1, gamma + 1)])
+    assert float(acceptance_from_position_counts(counts, steps)) == pytest.approx(
+        float(acceptance_from_counts(accepted, gamma)), rel=1e-12)
+    assert float(acceptance_from_position_counts(counts, steps)) == pytest.approx(0.7, abs=0.01)
+    assert np.isnan(acceptance_from_position_counts(np.array([10, 20]), 30))  # counts cannot rise with k
+    assert np.isnan(acceptance_from_position_counts(np.array([40, 20]), 30))  # more than the steps
