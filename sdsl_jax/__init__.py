@@ -29,6 +29,7 @@ from sdsl_jax.acceptance import (
 )
 from sdsl_jax.costs import (
     COST_MODELS,
+    target_alone_cost,
     SDSL_FLOPS,
     AllPositionsFlops,
     LatencyCost,
@@ -158,6 +159,7 @@ __all__ = [
     "solve_draft_size",
     "speedup",
     "status_message",
+    "target_alone_cost",
     "target_alone_throughput",
     "throughput",
     "throughput_under",

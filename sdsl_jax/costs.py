@@ -48,6 +48,7 @@ __all__ = [
     "iteration_cost_under",
     "throughput_under",
     "target_alone_throughput",
+    "target_alone_cost",
     "best_lookahead",
 ]
 
@@ -92,11 +93,13 @@ class AllPositionsFlops(NamedTuple):
 
 class LatencyCost(NamedTuple):
     """Measured seconds: ``t_draft(N) = draft_fixed + draft_per_param N`` and
-    ``t_verify(M, k) = verify_fixed + verify_per_param M + verify_per_token M k``.
+    ``t_verify(M, k) = verify_fixed + verify_per_position k + verify_per_param M + verify_per_token M k``.
 
-    The fixed terms are a step's overheads (kernel launches, Python dispatch), the per-parameter
-    terms the weight traffic of a memory-bound pass, the per-token term the arithmetic of each
-    extra verified position.
+    The fixed terms are a step's overheads (kernel launches, dispatch), the per-parameter terms
+    the weight traffic of a memory-bound pass, the per-token term the arithmetic of each extra
+    verified position, the per-position term what each position costs whatever the model size
+    (embedding, sampling, attention bookkeeping). :func:`sdsl_jax.latency.fit_latency_cost` fits
+    them from measured calls.
     """
 
     draft_fixed: ArrayLike
@@ -104,16 +107,26 @@ class LatencyCost(NamedTuple):
     verify_fixed: ArrayLike
     verify_per_param: ArrayLike
     verify_per_token: ArrayLike = 0.0
+    verify_per_position: ArrayLike = 0.0
+    alone_offset: ArrayLike = 0.0
 
     def draft_step(self, n):
         return self.draft_fixed + self.draft_per_param * n
 
     def verification(self, m, k):
-        return self.verify_fixed + self.verify_per_param * m + self.verify_per_token * m * k
+        return (self.verify_fixed + self.verify_per_position * k + self.verify_per_param * m
+                + self.verify_per_token * m * k)
+
+    def target_alone(self, m):
+        """Seconds per token of the target decoding alone: a verification of one position plus
+        ``alone_offset`` (a plain decoding loop's own overhead differs from a speculative one's)."""
+        return self.verification(m, 1) + self.alone_offset
 
     def affine(self, n, m):
-        slope = self.draft_fixed + self.draft_per_param * n + self.verify_per_token * m
-        return slope, self.verify_fixed + self.verify_per_param * m + self.verify_per_token * m
+        # gamma draft steps + a verification of k = gamma + 1 positions.
+        per_position = self.verify_per_position + self.verify_per_token * m
+        slope = self.draft_fixed + self.draft_per_param * n + per_position
+        return slope, self.verify_fixed + self.verify_per_param * m + per_position
 
 
 SDSL_FLOPS = SDSLFlops()
@@ -146,9 +159,19 @@ def throughput_under(cost, alpha: ArrayLike, gamma: ArrayLike, n_draft: ArrayLik
     return expected_tokens(alpha, gamma) / iteration_cost_under(cost, gamma, n_draft, m_target)
 
 
+def target_alone_cost(cost, m_target: ArrayLike) -> jax.Array:
+    """Cost per token of the target decoding alone: ``cost.target_alone(M)`` where the model
+    defines it (a measured latency model), else ``verification(M, 1)``."""
+    if hasattr(cost, "target_alone"):
+        return cost.target_alone(m_target)
+    return cost.verification(m_target, 1)
+
+
 def target_alone_throughput(cost, m_target: ArrayLike) -> jax.Array:
-    """Tokens per unit of cost of the target decoding alone, ``1 / verification(M, 1)``."""
+    """Tokens per unit of cost of the target decoding alone, ``1 / target_alone_cost(cost, M)``."""
     (m,) = as_float(m_target)
+    if hasattr(cost, "target_alone"):
+        return 1.0 / cost.target_alone(m)
     return 1.0 / cost.verification(m, jnp.ones_like(m))
 
 

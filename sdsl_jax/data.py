@@ -1,6 +1,6 @@
 """Dataset schemas (version 1) and their validated loading and saving.
 
-Two CSV schemas, one row per observation, a header row naming the columns (any order; extra
+CSV schemas, one row per observation, a header row naming the columns (any order; extra
 columns are ignored). Optional columns may be absent or left blank (read as NaN / None).
 
 Pre-training runs, ``sdsl-pretraining v1``:
@@ -74,6 +74,28 @@ Speculative-decoding runs, ``sdsl-speculative v1`` (one row per (target, draft, 
   repeats                             no        timed repeats, integer >= 1
   ==================================  ========  ===============================================
 
+Per-call latencies, ``sdsl-latency v1`` (written by ``experiments.latency``; one row per model,
+batch size and number of tokens read in one forward call with a KV cache):
+
+  ==================  ========  =====================================================
+  model               yes       model name
+  n_params            yes       parameters N, > 0
+  batch               yes       sequences per call, integer >= 1
+  tokens              yes       positions read per call, integer >= 1 (1: a draft step;
+                                k: a verification of k positions)
+  seconds_median      yes       median seconds per call, > 0
+  seconds_iqr         no        interquartile range over the repeats, >= 0
+  repeats             no        timed repeats, integer >= 1
+  calls               no        calls per timed repeat (timed in one compiled loop), >= 1
+  cache_length        no        positions already in the cache, integer >= 0
+  machine             no        where it was measured
+  kind                no        ``call`` (blank: one forward call), ``alone`` (seconds per token
+                                of the target decoding alone) or ``iteration`` (seconds per
+                                iteration of speculative decoding; ``n_params`` is the target's)
+  n_draft             no        the draft's parameters, > 0 (``iteration`` rows)
+  gamma               no        the lookahead, integer >= 1 (``iteration`` rows; tokens = gamma + 1)
+  ==================  ========  =====================================================
+
 Every problem is a :class:`DataError` that names the file, the line and the column and shows the
 offending value. Saving is atomic (a temporary file renamed into place).
 """
@@ -94,7 +116,11 @@ __all__ = [
     "PretrainingRuns",
     "AcceptanceMeasurements",
     "SpeculativeRuns",
+    "LatencyMeasurements",
     "load_pretraining",
+    "load_latency",
+    "save_latency",
+    "LATENCY_SCHEMA",
     "load_acceptance",
     "load_speculative",
     "save_pretraining",
@@ -202,6 +228,63 @@ SPECULATIVE_SCHEMA = (
     _col("wallclock_speedup", "float", False, _POSITIVE),
     _col("repeats", "int", False, _AT_LEAST_ONE),
 )
+
+
+LATENCY_SCHEMA = (
+    _col("model", "str", True),
+    _col("n_params", "float", True, _POSITIVE),
+    _col("batch", "int", True, _AT_LEAST_ONE),
+    _col("tokens", "int", True, _AT_LEAST_ONE),
+    _col("seconds_median", "float", True, _POSITIVE),
+    _col("seconds_iqr", "float", False, _NON_NEGATIVE),
+    _col("repeats", "int", False, _AT_LEAST_ONE),
+    _col("calls", "int", False, _AT_LEAST_ONE),
+    _col("cache_length", "int", False, _NON_NEGATIVE),
+    _col("machine", "str", False),
+    _col("kind", "str", False),
+    _col("n_draft", "float", False, _POSITIVE),
+    _col("gamma", "int", False, _AT_LEAST_ONE),
+)
+
+LATENCY_KINDS = ("call", "alone", "iteration")
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyMeasurements:
+    """Per-call latencies (schema ``sdsl-latency v1``)."""
+
+    model: tuple[str, ...]
+    n_params: np.ndarray
+    batch: np.ndarray
+    tokens: np.ndarray
+    seconds_median: np.ndarray
+    seconds_iqr: np.ndarray
+    repeats: np.ndarray
+    calls: np.ndarray
+    cache_length: np.ndarray
+    machine: tuple[str | None, ...]
+    kind: tuple[str | None, ...] = None
+    n_draft: np.ndarray = None
+    gamma: np.ndarray = None
+    path: str | None = None
+
+    def __post_init__(self):
+        n = len(self.tokens)  # a table without loop rows: every row is one call
+        if self.kind is None:
+            object.__setattr__(self, "kind", ("call",) * n)
+        for name in ("n_draft", "gamma"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(n, np.nan))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def of_kind(self, kind: str) -> "LatencyMeasurements":
+        """The rows of one kind (blank kinds are calls)."""
+        return self.select(np.array([(k or "call") == kind for k in self.kind], bool))
+
+    def select(self, mask: np.ndarray) -> "LatencyMeasurements":
+        return _select(self, mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,6 +555,30 @@ def _alpha_from_engine_columns(path: str, c: dict[str, Any]) -> np.ndarray:
 def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:
     """Load and validate speculative-decoding runs; raises :class:`DataError`."""
     return SpeculativeRuns(**_to_arrays(_load(path, SPECULATIVE_SCHEMA), SPECULATIVE_SCHEMA), path=os.fspath(path))
+
+
+def load_latency(path: str | os.PathLike) -> LatencyMeasurements:
+    """Load and validate per-call latencies; raises :class:`DataError`."""
+    path = os.fspath(path)
+    columns = _to_arrays(_load(path, LATENCY_SCHEMA), LATENCY_SCHEMA)
+    for i, kind in enumerate(columns["kind"]):
+        kind = kind or "call"
+        if kind not in LATENCY_KINDS:
+            raise DataError(path, i + 2, "kind", f"{kind!r} is not one of {', '.join(LATENCY_KINDS)}")
+        if kind == "iteration":
+            for name in ("n_draft", "gamma"):
+                if not np.isfinite(columns[name][i]):
+                    raise DataError(path, i + 2, name, "is needed in an iteration row")
+            if columns["tokens"][i] != columns["gamma"][i] + 1:
+                raise DataError(path, i + 2, "tokens", f"must be gamma + 1 = {columns['gamma'][i] + 1:g} in an "
+                                                       "iteration row")
+    columns["kind"] = tuple(k or "call" for k in columns["kind"])
+    return LatencyMeasurements(**columns, path=path)
+
+
+def save_latency(measurements: LatencyMeasurements, path: str | os.PathLike) -> None:
+    """Write latencies as ``sdsl-latency v1`` CSV, atomically."""
+    _save(measurements, LATENCY_SCHEMA, path)
 
 
 def _format(value: Any, kind: str) -> str:

@@ -35,7 +35,7 @@ from jax.typing import ArrayLike
 
 from sdsl_jax._arrays import as_float
 from sdsl_jax.acceptance import SDSL2026
-from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
+from sdsl_jax.costs import SDSL_FLOPS, best_lookahead, target_alone_cost
 from sdsl_jax.loss_laws import HOFFMANN2022
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.recipes import as_recipe
@@ -155,7 +155,7 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
     invalid = ~(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
                 & (p.m > 0) & (p.d_target > 0)
                 & jnp.all(jnp.stack([jnp.all(x > 0) for x in jax.tree.leaves(p.recipe)] or [jnp.asarray(True)])))
-    log_target_cost = jnp.log(p.cost.verification(p.m, jnp.ones_like(p.m)))
+    log_target_cost = jnp.log(target_alone_cost(p.cost, p.m))
     gain = jnp.where(admissible, f_grid + log_target_cost, -jnp.inf)  # log(T / T_target)
     k = jnp.argmax(gain)
     no_admissible = ~jnp.any(admissible)

@@ -37,3 +37,11 @@ def micro_ladder(tmp_path_factory):
     assert ladder.main(["--preset", "micro", "--out", str(ladder_dir), "--quiet"]) == 0
     assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(measure_dir), "--quiet"]) == 0
     return ladder_dir, measure_dir
+
+
+def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`make test` runs two workers), every test of the session-scoped micro
+    # ladder goes to one worker (--dist loadgroup), so the ladder is trained once, not per worker.
+    for item in items:
+        if "micro_ladder" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("micro_ladder"))

@@ -18,7 +18,7 @@ from experiments import train as train_module
 from experiments.corpus import load_corpus
 from sdsl_jax.measure import exact_acceptance
 from experiments.train import train
-from sdsl_jax.data import load_acceptance, load_pretraining
+from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.model import TransformerConfig
 
 PRESET = ladder.PRESETS["micro"]
@@ -81,8 +81,7 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
         return original(batch, mesh)
 
     monkeypatch.setattr(train_module, "shard_batch", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        ladder.main(args + ["--out", str(tmp_path / "killed")])
+    assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 130  # Ctrl-C: one line, status 130
     monkeypatch.setattr(train_module, "shard_batch", original)
     steps = {"n": 0}
 
@@ -257,3 +256,30 @@ def test_the_clis_persistent_compilation_cache_is_written_and_can_be_turned_off(
     monkeypatch.delenv("SDSL_JAX_COMPILE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_compile_cache() == str(tmp_path / "sdsl-jax" / "xla")
+
+
+def test_wallclock_closure_on_the_micro_ladder(micro_ladder, tmp_path):
+    import shutil
+
+    from experiments import latency, wallclock
+
+    _, measure_dir = micro_ladder
+    shutil.copy(measure_dir / "speculative.csv", tmp_path / "speculative.csv")
+    assert latency.main(["--preset", "micro", "--out", str(tmp_path), "--max-tokens", "4", "--repeats", "2",
+                         "--batches", "1", "--cache-length", "16", "--repeat-seconds", "0.002", "--loop-tokens", "8",
+                         "--loop-prompt-len", "16", "--loop-gammas", "1", "2", "--quiet"]) == 0
+    assert wallclock.main(["--data", str(tmp_path), "--draws", "200", "--quiet"]) == 0
+    record = json.loads((tmp_path / "closure" / "wallclock.json").read_text())
+    spec = load_speculative(tmp_path / "speculative.csv")
+    assert len(record["runs"]) == len(spec) and len(record["targets"]) == len(set(spec.target))
+    for run in record["runs"]:
+        lo, hi = run["predicted_band"]
+        assert lo <= hi and run["predicted_speedup"] > 0
+    for target in record["targets"]:
+        mine = [r for r in record["runs"] if r["target"] == target["target"]]
+        best = max(r["measured_speedup"] for r in mine)
+        assert target["measured_fastest"]["speedup"] == best and 0 <= target["regret"] <= 1
+        assert 0 <= target["p_measured_fastest"] <= 1
+    assert (tmp_path / "closure" / "wallclock.png").exists()
+    overheads = record["loop_overheads"]  # the loops were timed: their overheads are in the model
+    assert set(overheads) == {"iteration", "draft_step", "alone"} and all(v >= 0 for v in overheads.values())

@@ -1,0 +1,261 @@
+"""Measure per-call latency of every ladder model: one draft step and one verification of k tokens.
+
+    python -m experiments.latency --preset real --out fits/ladder     # fits/ladder/latency.csv (+ .json)
+
+For each model of the preset (the shapes of ``experiments.ladder``), each batch size (``--batches``,
+default 1 and 8) and each k = 1 .. ``--max-tokens`` (12): the seconds of one forward call reading
+k positions with a KV cache of ``--cache-length`` positions, the call the speculative loop makes
+(k = 1 is a draft step, k = gamma + 1 a verification), with what the decoding loop does with its
+logits (softmax at every position, one sample, temperature 1). A timed repeat runs ``calls``
+such calls in ONE compiled loop, each fed the previous call's sample (a data dependency, as in
+decoding), so Python dispatch is not counted, as it is not inside ``speculative_generate``'s
+compiled loop.
+After a warm-up, the configurations of a model are timed in rotating order (``--repeats``
+interleaved rounds) and the median and IQR per call are written.
+
+Timing depends on shapes only, not on weight values, so the models are initialised with their
+rung's seed instead of loaded: no checkpoint is needed and the file can be made on any machine
+(the machine is recorded). Each finished model is kept in ``OUT/stages/latency.jsonl``; a rerun
+resumes. Schema: ``sdsl-latency v1`` (``sdsl_jax/data.py``).
+
+The decoding loops do more than their calls (sampling, accept/reject, buffer updates), so unless
+``--no-loops`` the loops themselves are timed too (rows of kind ``alone`` and ``iteration``): the
+target decoding alone, seconds per token, and speculative decoding (``--loop-gammas``) of each
+target with three smaller drafts, seconds per iteration. Timing a loop does not depend on what
+is accepted: an iteration does the same work whatever the draft gets right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.ladder import PRESETS, rung_config, rung_seed
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, versions, write_json
+from sdsl_jax.data import LATENCY_SCHEMA, LatencyMeasurements, load_latency, save_latency
+from sdsl_jax.model import Transformer, count_params, init_cache
+
+
+def machine() -> str:
+    """CPU model (or accelerator), core count and JAX backend, in one line."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    device = jax.devices()[0]
+    return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} {device.platform} ({device.device_kind})"
+
+
+def timed_calls(model: Transformer, *, batch: int, tokens: int, cache_length: int):
+    """A function ``run(calls) -> seconds`` timing ``calls`` chained forward calls in one compiled loop."""
+    graphdef, state = nnx.split(model)
+    cache = init_cache(model.config, batch)
+    start = jnp.zeros((batch, tokens), jnp.int32)
+
+    @jax.jit
+    def loop(state, cache, start, calls):
+        net = nnx.merge(graphdef, state)
+
+        def body(i, carry):
+            x, cache = carry
+            logits, cache = net(x, cache, cache_length)
+            # What the decoding loop does with a call's logits (temperature 1): the next-token
+            # distribution at every position (a verification compares all of them) and one
+            # sample (the draft's proposal, or the bonus / residual token).
+            probs = jax.nn.softmax(logits, axis=-1)
+            key = jax.random.fold_in(jax.random.key(0), i)
+            sample = jax.random.categorical(key, jnp.log(probs[:, -1])).astype(jnp.int32)
+            return jnp.concatenate([x[:, 1:], sample[:, None]], axis=1), cache
+
+        return jax.lax.fori_loop(0, calls, body, (start, cache))
+
+    def run(calls: int) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(loop(state, cache, start, jnp.asarray(calls, jnp.int32)))
+        return time.perf_counter() - t0
+
+    return run
+
+
+def measure_model(name: str, model: Transformer, args, log: Log) -> list[dict]:
+    n = count_params(model)
+    configs = [(b, k) for b in args.batches for k in range(1, args.max_tokens + 1)]
+    runners, calls = {}, {}
+    for b, k in configs:
+        run = timed_calls(model, batch=b, tokens=k, cache_length=args.cache_length)
+        run(1)  # compile
+        probe = run(8) / 8  # calls per repeat so that one repeat takes about --repeat-seconds
+        calls[b, k] = int(np.clip(round(args.repeat_seconds / max(probe, 1e-7)), 8, 4096))
+        runners[b, k] = run
+    times = {c: [] for c in configs}
+    for r in range(args.repeats):
+        for i in np.roll(np.arange(len(configs)), r):  # interleaved, rotating order
+            b, k = configs[i]
+            times[b, k].append(runners[b, k](calls[b, k]) / calls[b, k])
+    rows = []
+    for b, k in configs:
+        q25, med, q75 = np.percentile(times[b, k], [25, 50, 75])
+        rows.append(dict(model=name, n_params=n, batch=b, tokens=k, seconds_median=float(med),
+                         seconds_iqr=float(q75 - q25), repeats=args.repeats, calls=calls[b, k],
+                         cache_length=args.cache_length, machine=args.machine, kind="call"))
+    one = {r["tokens"]: r["seconds_median"] for r in rows if r["batch"] == min(args.batches)}
+    log(f"  {name} (N = {n:,}): batch {min(args.batches)}, a draft step {one[1] * 1e6:.0f} us, a verification of "
+        f"{args.max_tokens} tokens {one[args.max_tokens] * 1e6:.0f} us")
+    return rows
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    jax.block_until_ready(fn())  # compile
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def loop_drafts(names: list[str], target_index: int) -> list[str]:
+    """The drafts timed against a target: the smallest, the middle of the smaller ones, the next smaller."""
+    smaller = names[:target_index]
+    return sorted({smaller[0], smaller[len(smaller) // 2], smaller[-1]}, key=names.index)
+
+
+def measure_loops(name: str, models: dict, names: list[str], args, log: Log) -> list[dict]:
+    """The decoding loops themselves: seconds per token of the target alone, per speculative iteration."""
+    from experiments.measure import prompts_for
+    from sdsl_jax.decoding import autoregressive_generate, speculative_generate
+
+    prompt = prompts_for(1, args.loop_prompt_len)[0]
+    key = jax.random.key(0)
+    target = models[name]
+    m = count_params(target)
+    common = dict(model=name, n_params=m, batch=1, repeats=args.repeats, calls=1, cache_length=args.loop_prompt_len,
+                  machine=args.machine)
+    alone = _median_seconds(lambda: autoregressive_generate(target, prompt, key, num_new_tokens=args.loop_tokens),
+                            args.repeats) / args.loop_tokens
+    rows = [dict(common, tokens=1, seconds_median=alone, kind="alone")]
+    index = names.index(name)
+    for draft_name in (loop_drafts(names, index) if index else []):
+        draft = models[draft_name]
+        for gamma in args.loop_gammas:
+            def run(draft=draft, gamma=gamma):
+                return speculative_generate(draft, target, prompt, key, num_new_tokens=args.loop_tokens, gamma=gamma)
+
+            iterations = int(run()[1].num_iterations)  # the same key every time: the same iterations
+            seconds = _median_seconds(run, args.repeats) / iterations
+            rows.append(dict(common, tokens=gamma + 1, seconds_median=seconds, kind="iteration",
+                             n_draft=count_params(draft), gamma=gamma))
+    log(f"  {name}: target alone {alone * 1e6:.0f} us per token" + "".join(
+        f"; {r['gamma']} drafts of {r['n_draft']:,}: {r['seconds_median'] * 1e6:.0f} us per iteration"
+        for r in rows[1:2]))
+    return rows
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.latency", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="real", help="ladder whose shapes are timed (real)")
+    p.add_argument("--out", default="fits/ladder", help="folder of latency.csv and latency.json (fits/ladder)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes (1 8)")
+    p.add_argument("--max-tokens", type=int, default=12, help="largest k timed (12)")
+    p.add_argument("--cache-length", type=int, default=80, help="positions already in the KV cache (80: the middle "
+                   "of the measured decoding, 48-byte prompts and 64 new bytes)")
+    p.add_argument("--repeats", type=int, default=7, help="interleaved timed rounds (7)")
+    p.add_argument("--repeat-seconds", type=float, default=0.02, help="target length of one timed repeat (0.02)")
+    p.add_argument("--no-loops", action="store_true", help="skip the decoding-loop timings (target alone, speculative "
+                   "iterations)")
+    p.add_argument("--loop-gammas", type=int, nargs="+", default=[1, 4], help="lookaheads of the timed speculative "
+                   "loops (1 4)")
+    p.add_argument("--loop-tokens", type=int, default=64, help="tokens each timed loop generates (64)")
+    p.add_argument("--loop-prompt-len", type=int, default=48, help="prompt bytes of the timed loops (48)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if min(args.loop_gammas) < 1 or args.loop_tokens < 1 or args.loop_prompt_len < 2:
+        p.error("--loop-gammas and --loop-tokens must be >= 1, --loop-prompt-len >= 2")
+    if min(args.batches) < 1 or args.max_tokens < 1 or args.repeats < 1 or args.cache_length < 0 \
+            or not args.repeat_seconds > 0:
+        p.error("--batches, --max-tokens and --repeats must be >= 1, --cache-length >= 0, --repeat-seconds > 0")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    preset = PRESETS[args.preset]
+    if not args.no_loops and args.loop_prompt_len + args.loop_tokens + max(args.loop_gammas) + 1 > preset.seq_len:
+        print(f"error: --loop-prompt-len + --loop-tokens + max --loop-gammas + 1 exceeds the models' context "
+              f"{preset.seq_len}", file=sys.stderr)
+        return 2
+    if args.cache_length + args.max_tokens > preset.seq_len:
+        print(f"error: --cache-length + --max-tokens = {args.cache_length + args.max_tokens} exceeds the models' "
+              f"context {preset.seq_len}", file=sys.stderr)
+        return 2
+    configure_jax(devices=1)
+    return exit_on_interrupt(lambda: _measure(args, argv, preset),
+                             f"finished models are kept in {os.path.join(args.out, 'stages')}; rerun the same command "
+                             "to continue")
+
+
+def _measure(args, argv, preset) -> int:
+    log = Log(args.quiet)
+    args.machine = machine()
+    stages = os.path.join(args.out, "stages", "latency.jsonl")
+    os.makedirs(os.path.dirname(stages), exist_ok=True)
+    settings = dict(batches=args.batches, max_tokens=args.max_tokens, cache_length=args.cache_length,
+                    repeats=args.repeats, machine=args.machine,
+                    loops=None if args.no_loops else dict(gammas=args.loop_gammas, tokens=args.loop_tokens,
+                                                          prompt_len=args.loop_prompt_len))
+    done = {}
+    if os.path.exists(stages):
+        with open(stages) as f:
+            for line in f:
+                if line.strip():
+                    entry = json.loads(line)
+                    if entry["settings"] == settings:
+                        done[entry["model"]] = entry["rows"]
+    log(f"latency on {args.machine}: {len(preset.rungs)} models x batches {args.batches} x k = 1..{args.max_tokens}"
+        + (f" ({len(done)} models done earlier)" if done else ""))
+    rows = []
+    names = [r.name for r in preset.rungs]
+    models = {r.name: Transformer(rung_config(r, preset.seq_len), rngs=nnx.Rngs(rung_seed(r, preset)))
+              for r in preset.rungs}
+    with log.heartbeat(8.0):
+        for rung in preset.rungs:
+            if rung.name not in done:
+                log(f"{rung.name}: compiling and timing")
+                done[rung.name] = measure_model(rung.name, models[rung.name], args, log)
+                if not args.no_loops:
+                    done[rung.name] += measure_loops(rung.name, models, names, args, log)
+                with open(stages, "a") as f:
+                    f.write(json.dumps(dict(model=rung.name, settings=settings, rows=done[rung.name])) + "\n")
+            rows.extend(done[rung.name])
+    columns = {c.name: [r.get(c.name) for r in rows] for c in LATENCY_SCHEMA}
+    table = LatencyMeasurements(**{c.name: tuple(columns[c.name]) if c.kind == "str" else
+                                   np.asarray(columns[c.name], np.float64) for c in LATENCY_SCHEMA})
+    path = os.path.join(args.out, "latency.csv")
+    save_latency(table, path)
+    load_latency(path)  # what we wrote follows sdsl-latency v1
+    write_json(os.path.join(args.out, "latency.json"), dict(
+        command="python -m experiments.latency " + " ".join(argv),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), settings=settings,
+        preset=preset.name, versions=versions(), devices=[str(d) for d in jax.devices()],
+        note="models initialised with their rung's seed: timing depends on shapes, not on weight values"))
+    log(f"wrote {path} ({len(rows)} rows) and latency.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
