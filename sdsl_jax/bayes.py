@@ -419,12 +419,11 @@ def summarize_draws(m_target: ArrayLike, n_star: np.ndarray, gamma_star: np.ndar
     q = np.asarray(quantiles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN quantiles
-        quant = lambda x: np.nanquantile(x, q, axis=0)  # noqa: E731
+        bands = [np.nanquantile(x, q, axis=0) for x in (n_star, m / n_star, gamma_star, throughput)]
         law = jax.vmap(fit_linear_law, (None, 0))(jnp.asarray(m), jnp.asarray(n_star))
     enough = np.isfinite(n_star).sum(1) >= 2
     law = LinearLaw(np.where(enough, law.mu, np.nan), np.where(enough, law.m0, np.nan))
-    return DraftSizeBands(m, q, quant(n_star), quant(m / n_star), quant(gamma_star), quant(throughput),
-                          np.mean(~np.isfinite(n_star), axis=0), law, n_star)
+    return DraftSizeBands(m, q, *bands, np.mean(~np.isfinite(n_star), axis=0), law, n_star)
 
 
 def plane_sensitivity(
