@@ -42,8 +42,8 @@ def measured_perplexities(pairs) -> dict[str, float]:
     return out
 
 
-def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
-               perplexities: dict[str, float] | None = None) -> list[dict]:
+def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
+               perplexities: dict[str, float] | None = None, seed: int = 0) -> list[dict]:
     """One record per target: predicted vs measured best draft, N*, alpha and T*.
 
     ``point`` is a :class:`sdsl_jax.pipeline.PointFit`; ``draws`` the paired posterior draws
@@ -70,7 +70,8 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
         best_runs = [max(by_draft[dr], key=lambda i: spec.tokens_per_flop_sdsl[i]) for dr in drafts]  # best gamma
         measured_t = np.array([spec.tokens_per_flop_sdsl[i] for i in best_runs])
         measured_alpha = np.array([np.mean([spec.alpha_mle[i] for i in by_draft[dr]]) for dr in drafts])
-        ranking = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws)
+        ranking = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws,
+                                       scales=scales, seed=seed)
         pred_idx = ranking.best
         best_measured = int(np.argmax(measured_t))
         fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
@@ -98,6 +99,10 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
             rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
         if draws is not None:
             rec["p_best"] = ranking.p_best.tolist()
+            if scales is not None:  # the same draws without the residuals: what the bands were before
+                mean_only = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime,
+                                                 draws=draws)
+                rec["p_best_mean_only"] = mean_only.p_best.tolist()
             rec["predicted_tokens_per_flop_band"] = ranking.throughput_band.tolist()
             laws, planes = draws
             bands = bayes.propagate_draft_size(np.array([m]), laws, planes, d_draft=d_ref, d_target=d_prime,
@@ -112,6 +117,30 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None,
             draft_throughput(grid, m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)).tolist()
         out.append(rec)
     return out
+
+
+def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
+    """P(best) scored as a forecast of the measured-best draft, against the uniform guess.
+
+    Log score: sum over targets of log P(measured best) (higher is better; 0 is perfect). Brier:
+    mean over targets of sum_i (p_i - [i is the measured best])^2 (lower is better). A probability
+    of 0 is floored at 1e-3 (a draw count of 1,000 cannot tell smaller ones apart).
+    """
+    if not records or any(key not in r for r in records):
+        return None
+    log_score = brier = uniform_log = uniform_brier = 0.0
+    for r in records:
+        p = np.asarray(r[key], np.float64)
+        hit = np.array([dr == r["measured_best"] for dr in r["drafts"]], np.float64)
+        k = len(p)
+        log_score += float(np.log(max(p[hit > 0][0], 1e-3)))
+        brier += float(np.sum((p - hit) ** 2))
+        uniform_log += float(np.log(1 / k))
+        uniform_brier += float(np.sum((1 / k - hit) ** 2))
+    t = len(records)
+    return dict(log_score=log_score, uniform_log_score=uniform_log, brier=brier / t, uniform_brier=uniform_brier / t,
+                measured_best_probabilities=[float(np.asarray(r[key])[r["drafts"].index(r["measured_best"])])
+                                             for r in records])
 
 
 def _fmt(n: float) -> str:
@@ -202,6 +231,8 @@ def parse_args(argv):
     p.add_argument("--starts", type=int, default=1, metavar="K", help="use every K-th start of the law's grid (1: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output folder (<data>/closure)")
+    p.add_argument("--mean-only", action="store_true", help="P(best) and the T bands from the law's mean and the "
+                   "plane's coefficients only, without the residual scatter of new models")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -238,7 +269,7 @@ def _close(args, argv) -> int:
     log(f"loss law ({family.name}): " + " ".join(f"{k} {v:.4g}" for k, v in law._asdict().items())
         + f"; {model.name}: " + " ".join(f"{k} {v:.4g}" for k, v in plane._asdict().items())
         + f" R^2 {point.plane_r_squared:.3f} ({len(pairs)} pairs)")
-    draws = None
+    draws = scales = None
     diagnostics = {}
     if args.posterior:
         # One seed for both posteriors: what the committed closure used.
@@ -246,10 +277,25 @@ def _close(args, argv) -> int:
                                          num_samples=args.draws, seed=args.seed, plane_seed=args.seed)
         diagnostics = {k: v._asdict() for k, v in post.diagnostics.items()}
         draws = pipeline.paired_draws(post, count=args.propagate, seed=args.seed)
+        scales = None if args.mean_only else pipeline.predictive_scales(post, count=args.propagate, seed=args.seed)
         log(f"posteriors: loss law R-hat {post.diagnostics['loss_law'].max_rhat:.3f}, acceptance R-hat "
             f"{post.diagnostics['plane'].max_rhat:.3f}")
-    records = close_loop(speculative, point, draws=draws, perplexities=measured_perplexities(pairs))
+    records = close_loop(speculative, point, draws=draws, scales=scales, perplexities=measured_perplexities(pairs),
+                         seed=args.seed)
     table = markdown_table(records)
+    scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
+                                                               ("mean_only", "p_best_mean_only"))}
+    scores = {k: v for k, v in scores.items() if v is not None}
+    if "mean_only" in scores:
+        scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
+    if draws is not None:
+        s = scores.get("predictive" if scales is not None else "mean_only") or forecast_scores(records)
+        table += (f"\nP(best) scored as a forecast of the measured best over {len(records)} targets: log score "
+                  f"{s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} (uniform "
+                  f"{s['uniform_brier']:.3f})" + ("" if scales is None else
+                                                  f"; without the residual terms: log score "
+                                                  f"{scores['mean_only']['log_score']:.2f}, Brier "
+                                                  f"{scores['mean_only']['brier']:.3f}") + ".\n")
     print(table)
     with open(os.path.join(out, "closure.md.tmp"), "w") as f:
         f.write(table)
@@ -261,7 +307,10 @@ def _close(args, argv) -> int:
         law_family=family.name, acceptance_model=model.name,
         loss_law={k: float(v) for k, v in law._asdict().items()},
         plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
-        diagnostics=diagnostics, targets=records))
+        diagnostics=diagnostics, forecast_scores=scores if draws is not None else None,
+        bands="posterior-predictive (residuals of log loss and alpha drawn per candidate)"
+        if draws is not None and scales is not None else ("law mean and plane only" if draws is not None else None),
+        targets=records))
     if not args.no_figure:
         figure(records, os.path.join(out, "closure.png"))
     log(f"wrote {out}/closure.json, closure.md" + ("" if args.no_figure else ", closure.png"))

@@ -32,7 +32,7 @@ import numpy as np
 
 from sdsl_jax import bayes
 from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel
-from sdsl_jax.costs import SDSL_FLOPS
+from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.fitting import fit_acceptance_plane, fit_loss_law
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily
@@ -50,6 +50,8 @@ __all__ = [
     "fit_point",
     "sample_posterior",
     "paired_draws",
+    "PredictiveScales",
+    "predictive_scales",
     "predict_draft_size",
     "rank_drafts",
     "run",
@@ -299,6 +301,43 @@ def sample_posterior(
     return Posterior(laws, planes, law_run, plane_run, diagnostics)
 
 
+class PredictiveScales(NamedTuple):
+    """Residual scales per posterior draw, aligned with :func:`paired_draws`.
+
+    Attributes:
+      loss_sigma, loss_nu: scale and degrees of freedom of the loss law's Student-t residual on
+        log loss (a new model's log loss scatters around the law's curve by this much).
+      alpha_sigma: the acceptance model's residual standard deviation (a row of average weight);
+        zeros when the plane is fixed (no acceptance data, no residual known).
+    """
+
+    loss_sigma: np.ndarray
+    loss_nu: np.ndarray
+    alpha_sigma: np.ndarray
+
+
+def _draw_indices(total: int, count: int | None, rng_seed: int, size: int) -> np.ndarray:
+    if count is None or count >= total:
+        return np.arange(size)
+    return np.random.default_rng(rng_seed).choice(total, size=count, replace=False)
+
+
+def predictive_scales(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> PredictiveScales:
+    """The residual scales of the draws :func:`paired_draws` returns for the same ``count`` and ``seed``."""
+    law_samples = posterior.law_run.samples
+    n_laws = np.size(posterior.laws[0])
+    n_planes = np.size(posterior.planes[0]) if posterior.plane_run is not None else None
+    size = n_laws if n_planes is None else min(n_laws, n_planes)
+    idx = _draw_indices(n_laws, count, seed, size)
+    sigma, nu = (np.asarray(law_samples[k]).reshape(-1)[idx] for k in ("sigma", "nu"))
+    if n_planes is None:
+        alpha_sigma = np.zeros_like(sigma)
+    else:
+        alpha_sigma = np.asarray(posterior.plane_run.samples["sigma"]).reshape(-1)[
+            _draw_indices(n_planes, count, seed + 1, size)]
+    return PredictiveScales(sigma, nu, alpha_sigma)
+
+
 def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> tuple[Any, Any]:
     """Loss-law and acceptance draws paired one to one (the two posteriors are independent).
 
@@ -311,10 +350,7 @@ def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 
     n_planes = np.size(planes[0]) if posterior.plane_run is not None else None
 
     def take(draws, total, rng_seed):
-        if count is None or count >= total:
-            size = total if n_planes is None else min(n_laws, n_planes)
-            return type(draws)(*(np.asarray(v)[:size] for v in draws))
-        idx = np.random.default_rng(rng_seed).choice(total, size=count, replace=False)
+        idx = _draw_indices(total, count, rng_seed, total if n_planes is None else min(n_laws, n_planes))
         return type(draws)(*(np.asarray(v)[idx] for v in draws))
 
     laws = take(laws, n_laws, seed)
@@ -362,11 +398,18 @@ def rank_drafts(
     d_target: float,
     cost: Any = SDSL_FLOPS,
     draws: tuple[Any, Any] | None = None,
+    scales: PredictiveScales | None = None,
+    seed: int = 0,
 ) -> DraftRanking:
     """Each candidate draft's predicted alpha and T for one target, the best, and P(best).
 
-    A candidate is a real model: its own size and training tokens. Under the draws, a draw in
-    which some candidate is inadmissible (T NaN) is left out of P(best).
+    A candidate is a real model: its own size and training tokens. With ``draws`` alone, P(best)
+    and the T band carry the uncertainty of the law's mean curve and the plane's coefficients.
+    With ``scales`` (:func:`predictive_scales`) they are posterior-predictive: each draw also
+    draws every candidate's log loss residual (Student-t), the target's (one, shared by the
+    candidates) and each pair's acceptance residual (Gaussian), so a new model's scatter around
+    the law counts as it does in the data. A candidate inadmissible in a draw (alpha outside
+    (0, 1)) cannot win that draw; a draw where none is admissible is left out.
     """
     n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
     kw = dict(d_draft=d, d_target=d_target, cost=cost)
@@ -376,14 +419,29 @@ def rank_drafts(
     p_best = band = None
     if draws is not None:
         laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
-        t_draws = np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, **kw))
-        ok = np.isfinite(t_draws).all(axis=1)
+        if scales is None:
+            t_draws = np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, **kw))
+        else:
+            t_draws = _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed)
+        ok = np.isfinite(t_draws).any(axis=1)
         winner = np.argmax(np.where(np.isfinite(t_draws), t_draws, -np.inf), axis=1)
         p_best = np.array([np.mean(winner[ok] == i) if ok.any() else np.nan for i in range(len(n))])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             band = np.nanpercentile(t_draws, [5, 95], axis=0).T
     return DraftRanking(alpha, t, best, p_best, band)
+
+
+def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_target, d_target, cost, seed: int):
+    """T per (draw, candidate) with new-model residuals drawn on log loss and on alpha."""
+    rng = np.random.default_rng(seed)
+    count = scales.loss_sigma.shape[0]
+    sigma, nu = scales.loss_sigma[:, None], scales.loss_nu[:, None]
+    log_x = np.log(np.asarray(laws.loss(n[None, :], d[None, :]))) + sigma * rng.standard_t(nu, (count, n.size))
+    log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + sigma * rng.standard_t(nu, (count, 1))
+    alpha = np.asarray(planes.rate(np.exp(np.exp(log_x)), np.exp(np.exp(log_y))))
+    alpha = alpha + scales.alpha_sigma[:, None] * rng.standard_normal((count, n.size))
+    return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
 
 
 def run(

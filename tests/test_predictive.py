@@ -1,0 +1,84 @@
+"""Posterior-predictive rankings: new models' residual scatter in P(best) and the T bands."""
+
+import types
+
+import numpy as np
+import pytest
+
+from sdsl_jax import HOFFMANN2022, SDSL2026, LossLaw, pipeline
+
+N = np.array([3e7, 1e8, 3e8])
+D = np.array([6e11, 1e12, 2e12])
+M, D_TARGET = 7e10, 1.4e12
+
+
+def _point():
+    return types.SimpleNamespace(law=HOFFMANN2022, plane=SDSL2026)
+
+
+def _draws(count, seed=0):
+    rng = np.random.default_rng(seed)
+    law = LossLaw(*(np.asarray(v) * (1 + 0.01 * rng.standard_normal(count)) for v in HOFFMANN2022))
+    plane = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
+    return law, plane
+
+
+def test_zero_residuals_reproduce_the_mean_only_ranking():
+    draws = _draws(400)
+    zeros = pipeline.PredictiveScales(np.zeros(400), np.full(400, 5.0), np.zeros(400))
+    kw = dict(n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws)
+    mean_only = pipeline.rank_drafts(_point(), **kw)
+    predictive = pipeline.rank_drafts(_point(), scales=zeros, **kw)
+    np.testing.assert_allclose(predictive.p_best, mean_only.p_best)
+    np.testing.assert_allclose(predictive.throughput_band, mean_only.throughput_band, rtol=1e-9)
+
+
+def test_residuals_spread_p_best_and_widen_the_bands():
+    draws = _draws(2000)
+    kw = dict(n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws)
+    mean_only = pipeline.rank_drafts(_point(), **kw)
+    scales = pipeline.PredictiveScales(np.full(2000, 0.05), np.full(2000, 10.0), np.full(2000, 0.02))
+    predictive = pipeline.rank_drafts(_point(), scales=scales, seed=1, **kw)
+    assert np.isclose(predictive.p_best.sum(), 1.0)
+    entropy = [-np.sum(p[p > 0] * np.log(p[p > 0])) for p in (mean_only.p_best, predictive.p_best)]
+    assert entropy[1] > entropy[0] + 0.1
+    widths = [b[:, 1] - b[:, 0] for b in (mean_only.throughput_band, predictive.throughput_band)]
+    assert np.all(widths[1] > 1.5 * widths[0])
+
+
+def test_an_inadmissible_candidate_loses_its_draw_instead_of_dropping_it():
+    # Acceptance noise so large that some candidates leave (0, 1) in some draws: before, those
+    # whole draws were dropped from P(best); now only that candidate cannot win them.
+    draws = _draws(1000)
+    scales = pipeline.PredictiveScales(np.zeros(1000), np.full(1000, 5.0), np.full(1000, 0.3))
+    ranking = pipeline.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
+                                   scales=scales)
+    assert np.isclose(ranking.p_best.sum(), 1.0) and np.all(ranking.p_best > 0)
+
+
+def test_predictive_scales_are_aligned_with_paired_draws():
+    count = 50
+    sigma, nu, alpha_sigma = np.arange(count) + 0.5, np.arange(count) + 100.0, np.arange(count) + 1000.0
+    law = LossLaw(E=sigma.copy(), A=nu.copy(), B=np.ones(count), alpha=np.ones(count), beta=np.ones(count))
+    plane = type(SDSL2026)(A=alpha_sigma.copy(), B=np.ones(count), C=np.ones(count))
+    post = pipeline.Posterior(law, plane, types.SimpleNamespace(samples=dict(sigma=sigma, nu=nu)),
+                              types.SimpleNamespace(samples=dict(sigma=alpha_sigma)), {})
+    for count_kw in (None, 20):
+        laws, planes = pipeline.paired_draws(post, count=count_kw, seed=3)
+        scales = pipeline.predictive_scales(post, count=count_kw, seed=3)
+        np.testing.assert_array_equal(scales.loss_sigma, laws.E)
+        np.testing.assert_array_equal(scales.loss_nu, laws.A)
+        np.testing.assert_array_equal(scales.alpha_sigma, planes.A)
+
+
+def test_forecast_scores_against_hand_computed_values():
+    from experiments.closure import forecast_scores
+
+    records = [dict(drafts=["a", "b"], measured_best="b", p_best=[0.25, 0.75]),
+               dict(drafts=["a", "b", "c"], measured_best="a", p_best=[0.0, 1.0, 0.0])]
+    s = forecast_scores(records)
+    assert s["log_score"] == pytest.approx(np.log(0.75) + np.log(1e-3))  # a zero is floored at 1e-3
+    assert s["uniform_log_score"] == pytest.approx(np.log(1 / 2) + np.log(1 / 3))
+    assert s["brier"] == pytest.approx(((0.25**2 + 0.25**2) + (1 + 1 + 0)) / 2)
+    assert s["uniform_brier"] == pytest.approx(((0.25 + 0.25) + (4 / 9 + 1 / 9 + 1 / 9)) / 2)
+    assert forecast_scores([dict(drafts=["a"], measured_best="a")]) is None  # no P(best): nothing to score
