@@ -31,7 +31,8 @@ import sys
 import numpy as np
 
 from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
-from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, best_lookahead, draft_throughput, solve_draft_size
+from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput,
+                      solve_draft_size)
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
 
 
@@ -77,6 +78,10 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
         fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
         d_ref = float(np.exp(np.mean(np.log(d))))
         sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
+        # The ladder trains drafts on D = rho N (rho = 40 or 20 bytes per parameter), not on one D
+        # for every N: N* along that recipe, rho the candidates' median.
+        rho = float(np.median(d / n))
+        along = solve_draft_size(m, recipe=TokensPerParameter(rho), d_target=d_prime, loss=law, plane=plane)
         rec = dict(
             target=target, m_target=m, d_target=d_prime, drafts=drafts, n_drafts=n.tolist(),
             d_drafts=d.tolist(), d_reference=d_ref,
@@ -87,6 +92,7 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             fastest_wallclock=spec.draft[fastest], fastest_wallclock_gamma=int(spec.gamma[fastest]),
             fastest_wallclock_speedup=float(spec.wallclock_speedup[fastest]),
             n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
+            recipe_tokens_per_param=rho, n_star_recipe=float(along.n_star), n_star_recipe_status=int(along.status),
             gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / SDSL_FLOPS.verification(m, 1),
             # What following the law costs: measured T of the predicted-best draft over the best measured T.
             measured_fraction_of_best=(float(measured_t[pred_idx] / measured_t.max()) if pred_idx is not None
@@ -109,6 +115,9 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
                                                quantiles=(0.05, 0.5, 0.95))
             rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
             rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
+            recipe_bands = bayes.propagate_draft_size(np.array([m]), laws, planes, recipe=TokensPerParameter(rho),
+                                                      d_target=d_prime, quantiles=(0.05, 0.5, 0.95))
+            rec["n_star_recipe_band"] = np.asarray(recipe_bands.n_star)[:, 0].tolist()
         # The law's curve at D_ref, reaching down past N* and its band for the figure.
         low = min([n.min() / 4] + [v / 2 for v in [rec["n_star"], *rec.get("n_star_band", [])[:1]] if np.isfinite(v)])
         grid = np.geomspace(low, m, 80)
@@ -151,10 +160,11 @@ def _fmt(n: float) -> str:
 
 def markdown_table(records: list[dict]) -> str:
     lines = ["| target (M, D'/M) | predicted best draft (plane only) | P(best): predicted / measured best | N* at D_ref [90%] | "
+             "N* along D = rho N [90%] | "
              "measured best (gamma) | measured T of predicted best / of measured best | "
              "fastest wall-clock (gamma, speedup) | alpha pred / MLE at measured best | T* pred / measured at "
              "measured best (x target alone) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         i = r["drafts"].index(r["measured_best"])
         p_best = "-"
@@ -162,11 +172,15 @@ def markdown_table(records: list[dict]) -> str:
             p_best = f"{r['p_best'][r['drafts'].index(r['predicted_best'])]:.2f} / {r['p_best'][i]:.2f}"
         band = (f"[{_fmt(r['n_star_band'][0])}, {_fmt(r['n_star_band'][2])}]" if "n_star_band" in r else "")
         n_star = _fmt(r["n_star"]) if np.isfinite(r["n_star"]) else f"none (status {r['n_star_status']})"
+        along = (_fmt(r["n_star_recipe"]) if np.isfinite(r["n_star_recipe"])
+                 else f"none (status {r['n_star_recipe_status']})") + f" (rho {r['recipe_tokens_per_param']:.0f})"
+        if "n_star_recipe_band" in r:
+            along += f" [{_fmt(r['n_star_recipe_band'][0])}, {_fmt(r['n_star_recipe_band'][2])}]"
         base = r["target_alone_tokens_per_flop"]
         lines.append(
             f"| {r['target']} ({_fmt(r['m_target'])}, {r['d_target'] / r['m_target']:.0f}) | {r['predicted_best']}"
             + (f" ({r['plane_only_best']})" if "plane_only_best" in r else "") + " | "
-            f"{p_best} | {n_star} {band} | {r['measured_best']} ({r['measured_best_gamma']}) | "
+            f"{p_best} | {n_star} {band} | {along} | {r['measured_best']} ({r['measured_best_gamma']}) | "
             f"{r['measured_fraction_of_best']:.3f} | "
             f"{r['fastest_wallclock']} ({r['fastest_wallclock_gamma']}, x{r['fastest_wallclock_speedup']:.2f}) | "
             f"{r['predicted_alpha'][i]:.3f} / {r['measured_alpha_mle'][i]:.3f} | "
