@@ -138,9 +138,13 @@ def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
     if not records or any(key not in r for r in records):
         return None
     log_score = brier = uniform_log = uniform_brier = 0.0
+    in_set = 0
     for r in records:
         p = np.asarray(r[key], np.float64)
         hit = np.array([dr == r["measured_best"] for dr in r["drafts"]], np.float64)
+        order = np.argsort(-p, kind="stable")  # the 90% credible set: most probable drafts up to 0.9
+        chosen = order[: int(np.searchsorted(np.cumsum(p[order]), 0.9 - 1e-12)) + 1]
+        in_set += int(hit[chosen].sum() > 0)
         k = len(p)
         log_score += float(np.log(max(p[hit > 0][0], 1e-3)))
         brier += float(np.sum((p - hit) ** 2))
@@ -148,6 +152,7 @@ def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
         uniform_brier += float(np.sum((1 / k - hit) ** 2))
     t = len(records)
     return dict(log_score=log_score, uniform_log_score=uniform_log, brier=brier / t, uniform_brier=uniform_brier / t,
+                measured_best_in_90_credible_set=in_set, targets=t,
                 measured_best_probabilities=[float(np.asarray(r[key])[r["drafts"].index(r["measured_best"])])
                                              for r in records])
 
@@ -306,7 +311,8 @@ def _close(args, argv) -> int:
         s = scores.get("predictive" if scales is not None else "mean_only") or forecast_scores(records)
         table += (f"\nP(best) scored as a forecast of the measured best over {len(records)} targets: log score "
                   f"{s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} (uniform "
-                  f"{s['uniform_brier']:.3f})" + ("" if scales is None else
+                  f"{s['uniform_brier']:.3f}), measured best inside the 90% credible set of drafts for "
+                  f"{s['measured_best_in_90_credible_set']} of {s['targets']}" + ("" if scales is None else
                                                   f"; without the residual terms: log score "
                                                   f"{scores['mean_only']['log_score']:.2f}, Brier "
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")

@@ -339,8 +339,13 @@ def run(args) -> int:
                           speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
                           speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
                           failed_fraction=float(nb.failed_fraction[j]))
+        ident = post.identification
         summary["posterior"] = dict(
             diagnostics=diagnostics,
+            identification=dict(
+                meaning="contraction = 1 - posterior variance / prior variance, in the law's fitting coordinates; "
+                        "flags: parameters the data do not identify",
+                contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
             loss_law={k: interval(v) for k, v in laws._asdict().items()},
             plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
             linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
@@ -418,6 +423,8 @@ def print_table(summary, args) -> None:
             txt += (f"   posterior mu {mu['median']:.4g} [{mu['lo90']:.4g}, {mu['hi90']:.4g}], "
                     f"M0 {m0['median']:.4g} [{m0['lo90']:.4g}, {m0['hi90']:.4g}]")
         print(txt + f"   (paper: mu = {PAPER_MU}, M0 = {PAPER_M0:.3g})")
+    if post and post["identification"]["flags"]:
+        print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))
     if "plane_sensitivity" in summary:
         s = summary["plane_sensitivity"]
         print("Sensitivity of N* to the fixed plane (d log N* / d log |coef|): " + ", ".join(

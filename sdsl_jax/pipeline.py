@@ -99,6 +99,8 @@ class Posterior(NamedTuple):
       law_run, plane_run: the NUTS runs (:class:`sdsl_jax.bayes.PosteriorRun`; ``plane_run`` None
         when the plane is fixed).
       diagnostics: ``{"loss_law": Diagnostics, "plane": Diagnostics}`` for the runs made.
+      identification: :class:`sdsl_jax.bayes.Identification` of the loss law's parameters
+        (which ones the data do not pin down).
     """
 
     laws: Any
@@ -106,6 +108,7 @@ class Posterior(NamedTuple):
     law_run: bayes.PosteriorRun
     plane_run: bayes.PosteriorRun | None
     diagnostics: dict
+    identification: Any = None
 
 
 class DraftSizePrediction(NamedTuple):
@@ -284,6 +287,9 @@ def sample_posterior(
         log("posterior: loss-law draws reused from an earlier run (--resume)")
     diagnostics = {"loss_law": law_run.diagnostics}
     laws = bayes.laws_from_posterior(law_run.samples, point.family)
+    identified = bayes.identification(law_run.samples, point.family, seed=seed)
+    for flag in identified.flags:
+        log(f"posterior: loss law {flag}")
     plane_run, planes = None, point.plane
     if acceptance is not None:
         def plane_sample():
@@ -298,7 +304,7 @@ def sample_posterior(
             log("posterior: acceptance draws reused from an earlier run (--resume)")
         diagnostics["plane"] = plane_run.diagnostics
         planes = bayes.planes_from_posterior(plane_run.samples, point.acceptance_model)
-    return Posterior(laws, planes, law_run, plane_run, diagnostics)
+    return Posterior(laws, planes, law_run, plane_run, diagnostics, identified)
 
 
 class PredictiveScales(NamedTuple):

@@ -81,4 +81,29 @@ def test_forecast_scores_against_hand_computed_values():
     assert s["uniform_log_score"] == pytest.approx(np.log(1 / 2) + np.log(1 / 3))
     assert s["brier"] == pytest.approx(((0.25**2 + 0.25**2) + (1 + 1 + 0)) / 2)
     assert s["uniform_brier"] == pytest.approx(((0.25 + 0.25) + (4 / 9 + 1 / 9 + 1 / 9)) / 2)
+    assert s["measured_best_in_90_credible_set"] == 1  # first: the set {b, a} holds b; second: {b} misses a
     assert forecast_scores([dict(drafts=["a"], measured_best="a")]) is None  # no P(best): nothing to score
+
+
+def test_identification_flags_what_the_data_leave_to_the_prior():
+    import jax
+    import numpyro
+    from numpyro.infer import Predictive  # noqa: F401  (loads numpyro.infer)
+
+    from sdsl_jax import CHINCHILLA, bayes
+
+    rng = np.random.default_rng(0)
+    # A "posterior" that is the prior: nothing identified.
+    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1))
+    as_prior = {n: np.asarray(draws[n]).reshape(-1) for n in CHINCHILLA.theta_names}
+    flags = bayes.identification(as_prior, CHINCHILLA).flags
+    assert len([f for f in flags if "weakly identified" in f]) == 5
+    # Tight in every coordinate, log A and alpha trading off (correlation ~1): identified.
+    x = rng.standard_normal(4000)
+    tight = dict(a=6.2 + 0.01 * x, b=rng.normal(7.6, 0.01, 4000), e=rng.normal(0.6, 0.005, 4000),
+                 alpha=0.35 + 0.001 * x + 1e-6 * rng.standard_normal(4000), beta=rng.normal(0.37, 0.001, 4000))
+    result = bayes.identification(tight, CHINCHILLA)
+    assert result.flags == () and np.all(result.contraction > 0.99) and result.correlation[0, 3] > 0.99
+    # The N exponent left to its prior (the ladder's case): flagged by name.
+    loose = dict(tight, alpha=as_prior["alpha"])
+    assert any(f.startswith("alpha: weakly identified") for f in bayes.identification(loose, CHINCHILLA).flags)
