@@ -1,7 +1,8 @@
 # make install: create .venv and install the project with its test extra.
 # make test:    install if needed, then run the test suite (slow tests excluded).
 # make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
-# make bench:   install if needed, then run the benchmarks and print the ratios.
+# make bench:   install if needed, then run the benchmarks and print the ratios, and the held-out study of the
+#               forms on the ladder (fits/ladder/holdout/ holds the committed run).
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
 #               (about 45 minutes on 2 CPU cores; resumable: rerun after an interruption).
@@ -34,6 +35,7 @@ fit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+	$(PY) -m experiments.holdout --data fits/ladder --out out/holdout
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,notebooks]"

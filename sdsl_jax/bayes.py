@@ -225,7 +225,11 @@ def _jittered(centre: dict[str, float], num_chains: int, seed: int, scale: float
 
 
 def _unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str, float]:
-    """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites)."""
+    """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites).
+
+    A point fit can end on the boundary of a site's support (an exponent at 0, a coefficient
+    underflowing); such a value is moved just inside, so that the chains start finite.
+    """
     with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
         prior()
     out = {}
@@ -234,9 +238,9 @@ def _unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str
         if support is dist.constraints.real:
             out[name] = float(value)
         elif support is dist.constraints.positive:
-            out[name] = float(np.log(value))
+            out[name] = float(np.log(max(float(value), 1e-8)))
         else:
-            out[name] = float(dist.biject_to(support).inv(jnp.asarray(value)))
+            out[name] = float(np.clip(np.nan_to_num(float(dist.biject_to(support).inv(jnp.asarray(value)))), -30, 30))
     return out
 
 

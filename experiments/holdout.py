@@ -1,0 +1,265 @@
+"""Held-out checks of the bands: leave one model size out, predict it, score and compare forms.
+
+    python -m experiments.holdout --data fits/ladder        # fits/ladder/holdout/holdout.{json,md}
+
+For every loss-law family (``--laws``) and every model size s of ``pretraining.csv``: fit the law
+(point fit, then NUTS) on the runs of the OTHER sizes and predict the held-out size's runs from the
+posterior predictive (law draws plus each draw's Student-t residual). Reported per family:
+
+* coverage of the 90% predictive bands on the held-out losses (nominal 0.90), and of bands that
+  carry the law's mean only (the residual left out), as before the predictive propagation;
+* grouped leave-one-size-out log predictive density (sum over held-out runs; the groups are the
+  sizes, because the runs of one size share one training run, so row-wise LOO would leak);
+* forward extrapolation: the fold that holds out the largest size (fit on the smaller ones);
+* stacking weights over the families (Yao et al. 2018: the weights of the mixture of the
+  families' predictive densities that maximise the held-out log score, by EM on the simplex).
+  ArviZ's ``az.compare(method="stacking")`` takes pointwise LOO from one fit; grouped CV needs one
+  fit per fold, hence this loop.
+
+The same for the acceptance models (``--acceptance-models``) on ``acceptance.csv``: each size's
+pairs (as draft or as target) held out, the model fitted (NUTS) on the rest, its predictive bands
+(coefficient draws plus the residual) scored on the held-out alpha.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import numpy as np
+
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
+from sdsl_jax.data import DataError, load_acceptance, load_pretraining
+
+
+def student_t_logpdf(y: np.ndarray, loc: np.ndarray, scale: np.ndarray, nu: np.ndarray) -> np.ndarray:
+    """log density of a Student-t (location, scale, degrees of freedom), elementwise."""
+    from math import lgamma
+
+    z = (y - loc) / scale
+    lg = np.vectorize(lgamma)
+    return (lg((nu + 1) / 2) - lg(nu / 2) - 0.5 * np.log(nu * np.pi) - np.log(scale)
+            - (nu + 1) / 2 * np.log1p(z**2 / nu))
+
+
+def _log_mean_exp(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    top = np.max(x, axis=axis, keepdims=True)
+    return np.squeeze(top, axis) + np.log(np.mean(np.exp(x - top), axis=axis))
+
+
+def stacking_weights(log_density: np.ndarray, *, iterations: int = 2000) -> np.ndarray:
+    """Weights w on the simplex maximising sum_i log sum_k w_k p_k(y_i) (Yao et al. 2018).
+
+    ``log_density[k, i]``: held-out log predictive density of point i under model k. EM for
+    mixture weights: each step cannot lower the objective, and the objective is concave in w.
+    """
+    k = log_density.shape[0]
+    w = np.full(k, 1.0 / k)
+    p = np.exp(log_density - log_density.max(axis=0, keepdims=True))  # a common factor per point cancels
+    for _ in range(iterations):
+        mix = w @ p
+        w = w * np.mean(p / mix, axis=1)
+        w = w / w.sum()
+    return w
+
+
+def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_every):
+    """Fit ``family`` on ``runs[keep]``; predictive log densities and bands for ``runs[~keep]``."""
+    from sdsl_jax import bayes, fit_loss_law
+
+    train, test = runs.select(keep), runs.select(~keep)
+    log_d = (np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))
+    starts = family.starts(*log_d)[::starts_every]
+    point = fit_loss_law(train.n_params, train.n_tokens, train.loss, family=family, starts=starts)
+    post = bayes.sample_loss_law(train.n_params, train.n_tokens, train.loss, init=point.law, family=family,
+                                 num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
+                                 progress_bar=False, summarize=False)
+    theta = np.stack([np.asarray(post.samples[n]).reshape(-1) for n in family.theta_names], axis=1)
+    sigma, nu = (np.asarray(post.samples[k]).reshape(-1) for k in ("sigma", "nu"))
+    import jax
+
+    ln, ld = np.log(test.n_params), np.log(test.n_tokens)
+    mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out runs)
+    y = np.log(test.loss)
+    log_density = _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0)
+    rng = np.random.default_rng(seed)
+    predictive = mean + sigma[:, None] * rng.standard_t(nu[:, None], mean.shape)
+    lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
+    lo_mean, hi_mean = np.quantile(mean, [0.05, 0.95], axis=0)
+    point_pred = np.asarray(family.log_prediction(point.theta, np.log(test.n_params), np.log(test.n_tokens)))
+    return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
+                error=point_pred - y)
+
+
+def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed):
+    from sdsl_jax import bayes
+
+    train, test = pairs.select(keep), pairs.select(~keep)
+    post = bayes.sample_plane(train.ppl_draft, train.ppl_target, train.alpha, weights=train.regression_weights(),
+                              model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
+                              progress_bar=False, summarize=False)
+    planes = bayes.planes_from_posterior(post.samples, model)
+    mean = np.asarray(type(planes)(*(np.asarray(v)[:, None] for v in planes)).rate(test.ppl_draft, test.ppl_target))
+    # The model's noise is for a row of average TRAINING weight; scale it to each held-out row's weight.
+    w = test.regression_weights() / train.regression_weights().mean()
+    sigma = np.asarray(post.samples["sigma"]).reshape(-1)[:, None] / np.sqrt(w)[None]
+    rng = np.random.default_rng(seed)
+    predictive = mean + sigma * rng.standard_normal(mean.shape)
+    lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
+    lo_mean, hi_mean = np.quantile(mean, [0.05, 0.95], axis=0)
+    y = test.alpha
+    log_density = _log_mean_exp(-0.5 * ((y - mean) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)), axis=0)
+    return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
+                error=np.median(mean, axis=0) - y)
+
+
+def _summary(folds: dict, sizes: list[float]) -> dict:
+    covered = np.concatenate([f["covered"] for f in folds.values()])
+    mean_only = np.concatenate([f["covered_mean_only"] for f in folds.values()])
+    largest = folds[max(sizes)]
+    return dict(coverage_90=float(covered.mean()), coverage_90_mean_only=float(mean_only.mean()),
+                held_out_points=int(covered.size),
+                log_predictive_density=float(sum(f["log_density"].sum() for f in folds.values())),
+                per_size={f"{s:.6g}": dict(log_predictive_density=float(folds[s]["log_density"].sum()),
+                                           coverage_90=float(folds[s]["covered"].mean()),
+                                           rmse=float(np.sqrt(np.mean(folds[s]["error"] ** 2))))
+                          for s in sizes},
+                forward_extrapolation=dict(size=float(max(sizes)), rmse=float(np.sqrt(np.mean(largest["error"] ** 2))),
+                                           log_predictive_density=float(largest["log_density"].sum())))
+
+
+def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, draws=300, seed=0, starts_every=1,
+                log=print) -> dict:
+    from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
+    from sdsl_jax.fitting import IdentifiabilityError
+
+    sizes = sorted(set(map(float, runs.n_params)))
+    record = dict(laws={}, acceptance_models={})
+    pointwise = {}
+    for name in laws:
+        family = FAMILIES[name]
+        folds = {}
+        for s in sizes:
+            keep = runs.n_params != s
+            try:
+                folds[s] = loss_law_fold(runs, keep, family, chains=chains, warmup=warmup, draws=draws, seed=seed,
+                                         starts_every=starts_every)
+            except IdentifiabilityError as err:
+                log(f"  {name}: size {s:.6g} held out: {err.problem}; family skipped")
+                folds = None
+                break
+            log(f"  {name}: size {s:.6g} held out, log density {folds[s]['log_density'].sum():.2f}, "
+                f"covered {folds[s]['covered'].mean():.2f}")
+        if folds is None:
+            continue
+        record["laws"][name] = _summary(folds, sizes)
+        pointwise[name] = np.concatenate([folds[s]["log_density"] for s in sizes])
+    if len(pointwise) > 1:
+        names = list(pointwise)
+        weights = stacking_weights(np.stack([pointwise[n] for n in names]))
+        record["stacking_weights"] = dict(zip(names, map(float, weights)))
+        stacked = np.stack([pointwise[n] for n in names])
+        top = stacked.max(axis=0)
+        record["stacked_log_predictive_density"] = float(np.sum(top + np.log(weights @ np.exp(stacked - top))))
+    if pairs is not None:
+        model_sizes = sorted(set(map(float, pairs.n_draft)) | set(map(float, pairs.n_target)))
+        for name in acceptance_models:
+            model = ACCEPTANCE_MODELS[name]
+            folds = {}
+            for s in model_sizes:
+                keep = (pairs.n_draft != s) & (pairs.n_target != s)
+                if keep.all() or not keep.any():
+                    continue
+                folds[s] = acceptance_fold(pairs, keep, model, chains=chains, warmup=warmup, draws=draws, seed=seed)
+            log(f"  acceptance {name}: {len(folds)} sizes held out")
+            record["acceptance_models"][name] = _summary(folds, sorted(folds))
+    return record
+
+
+def markdown(record: dict) -> str:
+    lines = ["Loss laws, each size held out in turn (posterior predictive):", "",
+             "| law | coverage of 90% bands (mean only) | grouped LOSO log density | forward: RMSE on the largest | "
+             "stacking weight |", "|---|---|---|---|---|"]
+    weights = record.get("stacking_weights", {})
+    for name, r in record["laws"].items():
+        lines.append(f"| {name} | {r['coverage_90']:.2f} ({r['coverage_90_mean_only']:.2f}) of {r['held_out_points']} | "
+                     f"{r['log_predictive_density']:.1f} | {r['forward_extrapolation']['rmse']:.3f} | "
+                     f"{weights.get(name, float('nan')):.2f} |")
+    if "stacked_log_predictive_density" in record:
+        lines.append(f"\nStacked mixture: grouped LOSO log density {record['stacked_log_predictive_density']:.1f}.")
+    if record["acceptance_models"]:
+        lines += ["", "Acceptance models, each size's pairs held out in turn:", "",
+                  "| model | coverage of 90% bands (mean only) | LOSO log density | RMSE |", "|---|---|---|---|"]
+        for name, r in record["acceptance_models"].items():
+            rmse = np.sqrt(np.mean([v["rmse"] ** 2 for v in r["per_size"].values()]))
+            lines.append(f"| {name} | {r['coverage_90']:.2f} ({r['coverage_90_mean_only']:.2f}) of "
+                         f"{r['held_out_points']} | {r['log_predictive_density']:.1f} | {rmse:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.holdout", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="fits/ladder", help="folder with pretraining.csv and acceptance.csv")
+    p.add_argument("--out", help="output folder (DATA/holdout)")
+    p.add_argument("--laws", default="chinchilla,kaplan,broken,data", help="comma-separated law families")
+    p.add_argument("--acceptance-models", default="plane,log-plane", help="comma-separated acceptance models")
+    p.add_argument("--chains", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=300)
+    p.add_argument("--draws", type=int, default=300)
+    p.add_argument("--starts", type=int, default=1, metavar="K", help="every K-th start of each family's grid (1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    configure_jax()
+    return exit_on_interrupt(lambda: _run(args, argv), "nothing was written (the files are written at the end); "
+                                                       "rerun the same command")
+
+
+def _run(args, argv) -> int:
+    from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
+
+    log = Log(args.quiet)
+    laws, models = args.laws.split(","), [m for m in args.acceptance_models.split(",") if m]
+    unknown = [x for x in laws if x not in FAMILIES] + [m for m in models if m not in ACCEPTANCE_MODELS]
+    if unknown:
+        print(f"error: unknown law or acceptance model: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    paths = dict(pretraining=os.path.join(args.data, "pretraining.csv"),
+                 acceptance=os.path.join(args.data, "acceptance.csv"))
+    try:
+        runs = load_pretraining(paths["pretraining"])
+        pairs = load_acceptance(paths["acceptance"]) if models and os.path.exists(paths["acceptance"]) else None
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with log.heartbeat(8.0):
+        log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}" + (f", acceptance {models}" if pairs else ""))
+        record = run_holdout(runs, pairs, laws=laws, acceptance_models=models if pairs else [], chains=args.chains,
+                             warmup=args.warmup, draws=args.draws, seed=args.seed, starts_every=args.starts, log=log)
+    out = args.out or os.path.join(args.data, "holdout")
+    os.makedirs(out, exist_ok=True)
+    record.update(command="python -m experiments.holdout " + " ".join(argv),
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
+                  versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()
+                                             if os.path.exists(v)},
+                  settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts))
+    table = markdown(record)
+    print(table)
+    with open(os.path.join(out, "holdout.md.tmp"), "w") as f:
+        f.write(table)
+    os.replace(os.path.join(out, "holdout.md.tmp"), os.path.join(out, "holdout.md"))
+    write_json(os.path.join(out, "holdout.json"), record, strict=True)
+    log(f"wrote {os.path.join(out, 'holdout.json')}, holdout.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
