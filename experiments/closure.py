@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
 from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput,
                       solve_draft_size)
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
@@ -317,9 +317,7 @@ def _close(args, argv) -> int:
                                                   f"{scores['mean_only']['log_score']:.2f}, Brier "
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")
     print(table)
-    with open(os.path.join(out, "closure.md.tmp"), "w") as f:
-        f.write(table)
-    os.replace(os.path.join(out, "closure.md.tmp"), os.path.join(out, "closure.md"))
+    write_text(os.path.join(out, "closure.md"), table)
     write_json(os.path.join(out, "closure.json"), dict(
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,

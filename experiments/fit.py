@@ -84,10 +84,6 @@ def validate_args(args, drop: int) -> None:
         raise UsageError(f"--out {args.out} lies under {parent}, which is a file")
 
 
-LATENCY_HELD_OUT_TOKENS = (3, 5, 7)
-"""Token counts held out to choose the latency form: verifications at gamma = 2, 4, 6."""
-
-
 def fit_latency(path: str, batch: int):
     """The latency model of ``path`` (DataError for a bad file; the form by held-out error)."""
     from sdsl_jax.data import load_latency
@@ -95,7 +91,7 @@ def fit_latency(path: str, batch: int):
 
     table = load_latency(path)
     try:
-        fit = fit_latency_table(table, batch=batch, held_out_tokens=LATENCY_HELD_OUT_TOKENS)
+        fit = fit_latency_table(table, batch=batch)
     except ValueError as err:
         raise DataError(path, None, None, f"cannot fit a latency model: {err}") from None
     calls = table.of_kind("call")

@@ -30,23 +30,21 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 
 
 def student_t_logpdf(y: np.ndarray, loc: np.ndarray, scale: np.ndarray, nu: np.ndarray) -> np.ndarray:
     """log density of a Student-t (location, scale, degrees of freedom), elementwise."""
-    from math import lgamma
+    from jax.scipy.stats import t
 
-    z = (y - loc) / scale
-    lg = np.vectorize(lgamma)
-    return (lg((nu + 1) / 2) - lg(nu / 2) - 0.5 * np.log(nu * np.pi) - np.log(scale)
-            - (nu + 1) / 2 * np.log1p(z**2 / nu))
+    return np.asarray(t.logpdf(y, nu, loc=loc, scale=scale))
 
 
 def _log_mean_exp(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    top = np.max(x, axis=axis, keepdims=True)
-    return np.squeeze(top, axis) + np.log(np.mean(np.exp(x - top), axis=axis))
+    from jax.scipy.special import logsumexp
+
+    return np.asarray(logsumexp(x, axis=axis)) - np.log(x.shape[axis])
 
 
 def stacking_weights(log_density: np.ndarray, *, iterations: int = 2000) -> np.ndarray:
@@ -253,9 +251,7 @@ def _run(args, argv) -> int:
                   settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts))
     table = markdown(record)
     print(table)
-    with open(os.path.join(out, "holdout.md.tmp"), "w") as f:
-        f.write(table)
-    os.replace(os.path.join(out, "holdout.md.tmp"), os.path.join(out, "holdout.md"))
+    write_text(os.path.join(out, "holdout.md"), table)
     write_json(os.path.join(out, "holdout.json"), record, strict=True)
     log(f"wrote {os.path.join(out, 'holdout.json')}, holdout.md")
     return 0

@@ -122,6 +122,14 @@ def default_compile_cache() -> str | None:
 _DEFAULT = object()
 
 
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed into place)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def configure_jax(*, devices: int = 4, compile_cache=_DEFAULT) -> None:
     """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
 

@@ -28,11 +28,10 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json
+from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
 from sdsl_jax.data import DataError, load_latency, load_speculative
+from sdsl_jax.latency import HELD_OUT_TOKENS
 
-HELD_OUT_TOKENS = (3, 5, 7)
-"""Verification sizes of the measured lookaheads 2, 4, 6: held out to score each latency form."""
 
 
 def choose_form(latency, batch: int, form: str) -> tuple[str, dict]:
@@ -268,9 +267,7 @@ def _run(args, argv) -> int:
                   machines=sorted({m for m in latency.machine if m}))
     table = markdown(record)
     print(table)
-    with open(os.path.join(out, "wallclock.md.tmp"), "w") as f:
-        f.write(table)
-    os.replace(os.path.join(out, "wallclock.md.tmp"), os.path.join(out, "wallclock.md"))
+    write_text(os.path.join(out, "wallclock.md"), table)
     write_json(os.path.join(out, "wallclock.json"), record, strict=True)
     if not args.no_figure:
         figure(record, os.path.join(out, "wallclock.png"), command)

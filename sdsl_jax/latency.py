@@ -27,7 +27,7 @@ import numpy as np
 
 from sdsl_jax.costs import LatencyCost
 
-__all__ = ["FORMS", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
+__all__ = ["FORMS", "HELD_OUT_TOKENS", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
            "predict_seconds", "select_form", "fit_loop_overheads", "fit_latency_table"]
 
 _TERMS = ("t0", "t1", "c1", "c2")
@@ -37,6 +37,9 @@ FORMS: dict[str, tuple[str, ...]] = {
     "memory-bound": ("t0", "c1"),  # t0 + c1 N: positions are free
 }
 """Latency forms by name: the terms of ``t0 + t1 k + c1 N + c2 N k`` each one keeps."""
+
+HELD_OUT_TOKENS = (3, 5, 7)
+"""Token counts held out to choose a form: the verifications of gamma = 2, 4, 6."""
 
 
 class LatencyFit(NamedTuple):
@@ -206,7 +209,7 @@ def fit_loop_overheads(fit: LatencyFit, *, alone_m, alone_seconds, iteration_n, 
     return fit._replace(cost=cost_from_coef(fit.coef, overheads), overheads=overheads)
 
 
-def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tokens=(3, 5, 7)) -> LatencyFit:
+def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tokens=HELD_OUT_TOKENS) -> LatencyFit:
     """The latency model of a ``sdsl-latency v1`` table: ``t(N, k)`` from its calls at ``batch``
     (``form="auto"``: :func:`select_form` on ``held_out_tokens``), plus the loop overheads when the
     table has loop rows (:func:`fit_loop_overheads`).
