@@ -29,6 +29,9 @@ class Dataset:
       targets: named targets of the table and the throughput figure.
       d_draft, d_target: training tokens of drafts and targets.
       compare_to_paper: draw the paper's N* = mu M + M0 line (only meaningful at its scale).
+      one_run_per_row: every row is its own training run, whatever its size (``--run-effects
+        auto`` then keeps rows independent). Chinchilla's points are read off a figure without
+        their run structure, so sizes that repeat are not known to be one run.
     """
 
     name: str
@@ -43,6 +46,7 @@ class Dataset:
     d_draft: float
     d_target: float
     compare_to_paper: bool
+    one_run_per_row: bool = False
 
 
 DATASETS: dict[str, Dataset] = {
@@ -54,7 +58,7 @@ DATASETS: dict[str, Dataset] = {
                         "targets 10B-110B, D = D' = 1e12",
             pretraining=os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv"), acceptance=None, speculative=None,
             drop_highest_loss=5, m_min=1e10, m_max=1.1e11, targets=(13e9, 30e9, 70e9, 110e9), d_draft=1e12,
-            d_target=1e12, compare_to_paper=True),
+            d_target=1e12, compare_to_paper=True, one_run_per_row=True),
         Dataset(
             name="ladder",
             description="our trained model ladder (fits/ladder/): runs, exact alpha of 84 pairs, speculative runs; "

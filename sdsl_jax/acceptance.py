@@ -39,6 +39,7 @@ __all__ = [
     "LOG_PLANE",
     "ACCEPTANCE_MODELS",
     "SDSL2026",
+    "ResidualAcceptance",
     "acceptance_rate",
     "acceptance_from_counts",
     "acceptance_from_distributions",
@@ -68,6 +69,35 @@ class LogPerplexityPlane(NamedTuple):
         ok = (x >= 1) & (y >= 1)
         lx, ly = jnp.log(jnp.where(ok, x, 1.0)), jnp.log(jnp.where(ok, y, 1.0))
         return jnp.where(ok, coef[0] * lx + coef[1] * ly + coef[2], jnp.nan)
+
+
+class ResidualAcceptance(NamedTuple):
+    """An acceptance model evaluated for models that deviate from the loss law: one predictive draw.
+
+    A real draft and target do not sit on the law's curve: their log losses scatter around it
+    (the loss law's residual, and a run's own offset), and a pair's acceptance scatters around the
+    acceptance model. One posterior-predictive draw fixes those deviations::
+
+        rate(x, y) = model.rate(x^exp(draft_log_loss), y^exp(target_log_loss)) + alpha
+
+    (a perplexity ``exp L`` whose log loss moves by ``delta`` becomes ``exp(L e^delta) = x^(e^delta)``).
+    Being a pytree of arrays it goes through the N* solver and ``vmap`` like any acceptance model;
+    with all offsets zero it is ``model``.
+
+    Attributes:
+      model: the acceptance model's coefficients (any model with ``rate``).
+      draft_log_loss, target_log_loss: offsets of the draft's and the target's log loss.
+      alpha: offset of the acceptance (the acceptance model's residual).
+    """
+
+    model: Any
+    draft_log_loss: ArrayLike = 0.0
+    target_log_loss: ArrayLike = 0.0
+    alpha: ArrayLike = 0.0
+
+    def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+        x, y, dx, dy, da = as_float(ppl_draft, ppl_target, self.draft_log_loss, self.target_log_loss, self.alpha)
+        return self.model.rate(x ** jnp.exp(dx), y ** jnp.exp(dy)) + da
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

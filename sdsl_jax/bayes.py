@@ -54,6 +54,10 @@ __all__ = [
     "PosteriorRun",
     "Diagnostics",
     "sample_loss_law",
+    "run_effects_model_for",
+    "new_run_offsets",
+    "new_run_effect",
+    "pointwise_log_likelihood",
     "sample_plane",
     "check_diagnostics",
     "laws_from_posterior",
@@ -70,9 +74,10 @@ LOSS_LAW_SITES = ("a", "b", "e", "alpha", "beta", "sigma", "nu")  # the Chinchil
 PLANE_SITES = ("A", "B", "C", "sigma")
 
 
-def loss_law_sites(family: LossLawFamily) -> tuple[str, ...]:
-    """The sites of :func:`loss_law_model_for` ``(family)`` that diagnostics check."""
-    return (*family.theta_names, "sigma", "nu")
+def loss_law_sites(family: LossLawFamily, *, run_effects: bool = False) -> tuple[str, ...]:
+    """The sites of :func:`loss_law_model_for` ``(family)`` (or of :func:`run_effects_model_for`)
+    that diagnostics check."""
+    return (*family.theta_names, "sigma", "nu", *(RUN_EFFECT_SITES if run_effects else ()))
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,6 +111,94 @@ def loss_law_model_for(family: LossLawFamily) -> Callable:
 
 loss_law_model = loss_law_model_for(CHINCHILLA)
 """The Chinchilla family's model (the paper's law); see :func:`loss_law_model_for`."""
+
+RUN_EFFECT_SITES = ("run_sd", "run_slope_sd")
+
+
+@functools.lru_cache(maxsize=None)
+def run_effects_model_for(family: LossLawFamily) -> Callable:
+    """The loss law with a random intercept and slope in log D per training run (hierarchical).
+
+    Rows of one run are not independent: the budgets of a size are branches of one schedule (or
+    checkpoints of one run), so they share the run's offset from the law and its drift along D::
+
+        log L_i = log L_theta(N_i, D_i) + u_r + v_r (log D_i - c) + e_i,        r = run of row i
+        u_r ~ Normal(0, run_sd),  v_r ~ Normal(0, run_slope_sd),  e_i ~ StudentT(nu, 0, sigma)
+
+    with ``c`` the mean log D of the data (so ``u_r`` is the run's offset at the data's centre).
+    Non-centred (``u_r = run_sd z_r``): the funnel of a centred hierarchy stalls NUTS when a
+    scale is near zero. Priors as :func:`loss_law_model_for`, and ``run_sd ~ HalfNormal(0.05)``,
+    ``run_slope_sd ~ HalfNormal(0.05)`` (per unit of ln D): run-to-run scatter of a few percent
+    of the loss, the size seen between seeds and schedules.
+
+    A run with one row has its intercept confounded with its residual; the split between
+    ``run_sd`` and ``sigma`` then comes from the runs with several rows, and predictions for a
+    new run use their sum (:func:`new_run_offsets`), which the data do identify.
+
+    Arguments: ``log_n, log_d`` per row, ``run`` (integer run of each row), ``run_slots`` (an array
+    whose length is the number of runs: shapes must be static under ``jit``), ``log_loss``.
+    """
+
+    def model(log_n, log_d, run, run_slots, log_loss=None) -> None:
+        theta = family.prior()
+        sigma = numpyro.sample("sigma", dist.HalfNormal(0.1))
+        nu = numpyro.sample("nu", dist.Gamma(2.0, 0.1))
+        run_sd = numpyro.sample("run_sd", dist.HalfNormal(0.05))
+        run_slope_sd = numpyro.sample("run_slope_sd", dist.HalfNormal(0.05))
+        with numpyro.plate("run_plate", run_slots.shape[0]):
+            z = numpyro.sample("run_z", dist.Normal(0.0, 1.0))
+            z_slope = numpyro.sample("run_slope_z", dist.Normal(0.0, 1.0))
+        centred_log_d = log_d - jnp.mean(log_d)
+        mean = (family.log_prediction(theta, log_n, log_d) + run_sd * z[run]
+                + run_slope_sd * z_slope[run] * centred_log_d)
+        with numpyro.plate("runs", log_n.shape[0]):
+            numpyro.sample("log_loss", dist.StudentT(nu, mean, sigma), obs=log_loss)
+
+    model.__name__ = model.__qualname__ = f"run_effects_model[{family.name}]"
+    return model
+
+
+def new_run_effect(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_log_d: float = 0.0,
+                   seed: int = 0) -> np.ndarray:
+    """Draws of ONE new run's offset ``u + v (log D - c)`` at each ``log_d``, shape ``(draws, *shape(log_d))``.
+
+    All the rows of the new run share its ``u`` and ``v`` (one pair per posterior draw); zeros
+    for the model without run effects.
+    """
+    log_d = np.asarray(log_d, np.float64)
+    count = np.size(np.asarray(samples["sigma"]))
+    if "run_sd" not in samples:
+        return np.zeros((count, *log_d.shape))
+    rng = np.random.default_rng(seed)
+    expand = (slice(None),) + (None,) * log_d.ndim
+    run_sd, slope_sd = (np.asarray(samples[k], np.float64).reshape(-1)[expand] for k in RUN_EFFECT_SITES)
+    u = run_sd * rng.standard_normal((count,) + (1,) * log_d.ndim)
+    v = slope_sd * rng.standard_normal((count,) + (1,) * log_d.ndim)
+    return u + v * (log_d[None] - centre_log_d)
+
+
+def new_run_offsets(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_log_d: float = 0.0,
+                    size: tuple[int, ...] = (), seed: int = 0) -> np.ndarray:
+    """Draws of a NEW model's log-loss offset from the law: the posterior-predictive residual.
+
+    For the i.i.d. model (:func:`loss_law_model_for`) a Student-t residual ``sigma t_nu``; with run
+    effects (:func:`run_effects_model_for`) also a new run's ``u + v (log D - c)``, every entry its
+    own new run. One offset per posterior draw (leading axis) and per entry of ``size`` after it;
+    ``log_d`` broadcasts against ``(draws, *size)``, ``centre_log_d`` is the data's mean log D (``c``).
+
+    Returns:
+      offsets of shape ``(draws, *size)``: add to ``log L_theta(N, D)``.
+    """
+    rng = np.random.default_rng(seed)
+    sigma, nu = (np.asarray(samples[k], np.float64).reshape(-1) for k in ("sigma", "nu"))
+    shape = (sigma.size, *size)
+    expand = (slice(None),) + (None,) * len(size)
+    offset = sigma[expand] * rng.standard_t(nu[expand], shape)
+    if "run_sd" in samples:
+        run_sd, slope_sd = (np.asarray(samples[k], np.float64).reshape(-1)[expand] for k in RUN_EFFECT_SITES)
+        offset = (offset + run_sd * rng.standard_normal(shape)
+                  + slope_sd * rng.standard_normal(shape) * (np.asarray(log_d) - centre_log_d))
+    return offset
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,8 +312,9 @@ def _jittered(centre: dict[str, float], num_chains: int, seed: int, scale: float
     key = jax.random.PRNGKey(seed + 7919)
     out = {}
     for i, (name, value) in enumerate(centre.items()):
-        noise = scale * jax.random.normal(jax.random.fold_in(key, i), (num_chains,))
-        out[name] = jnp.full((num_chains,), value) + noise if num_chains > 1 else jnp.asarray(value + noise[0])
+        value = jnp.asarray(value, jnp.float64)  # a scalar, or one value per run
+        noise = scale * jax.random.normal(jax.random.fold_in(key, i), (num_chains, *value.shape))
+        out[name] = value + noise if num_chains > 1 else value + noise[0]
     return out
 
 
@@ -228,15 +322,24 @@ def _unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str
     """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites).
 
     A point fit can end on the boundary of a site's support (an exponent at 0, a coefficient
-    underflowing); such a value is moved just inside, so that the chains start finite.
+    underflowing); such a value is moved just inside, so that the chains start finite. A point
+    fit can also send a log-coefficient to minus infinity (the ladder's irreducible loss E
+    underflows to 0 at the optimum); a real site is therefore started within 5 prior standard
+    deviations of its prior mean, where the prior's gradient does not overflow the first step.
     """
     with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
         prior()
     out = {}
     for name, value in values.items():
-        support = trace[name]["fn"].support
+        fn = trace[name]["fn"]
+        support = fn.support
         if support is dist.constraints.real:
-            out[name] = float(value)
+            value = float(np.nan_to_num(float(value), nan=0.0))
+            try:
+                mean, sd = float(fn.mean), float(np.sqrt(fn.variance))
+            except (NotImplementedError, TypeError):
+                mean, sd = 0.0, np.inf
+            out[name] = float(np.clip(value, mean - 5 * sd, mean + 5 * sd)) if np.isfinite(sd) else value
         elif support is dist.constraints.positive:
             out[name] = float(np.log(max(float(value), 1e-8)))
         else:
@@ -255,26 +358,67 @@ def sample_loss_law(
     num_warmup: int = 500,
     num_samples: int = 500,
     seed: int = 0,
+    run: ArrayLike | None = None,
     progress_bar: bool = True,
     target_accept: float = 0.9,
     summarize: bool = True,
 ) -> PosteriorRun:
     """NUTS posterior of a loss law on runs (N, D, L), started around the point fit ``init``.
 
-    ``family`` defaults to the shipped family of ``init``'s type. ``summarize=False`` skips the
-    ArviZ conversion and diagnostics (``inference_data`` and ``diagnostics`` are then None): for
-    loops over many small fits such as calibration.
+    ``family`` defaults to the shipped family of ``init``'s type. ``run`` (an integer per row,
+    e.g. :meth:`sdsl_jax.data.PretrainingRuns.run_index`) selects the hierarchical model with
+    per-run effects (:func:`run_effects_model_for`); None keeps rows independent. The samples
+    then also hold ``centre_log_d`` (the data's mean log D, for :func:`new_run_offsets`).
+    ``summarize=False`` skips the ArviZ conversion and diagnostics (``inference_data`` and
+    ``diagnostics`` are then None): for loops over many small fits such as calibration.
     """
     family = family_of(init) if family is None else family
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
     theta = np.asarray(family.to_theta(init), np.float64)
     residual = np.asarray(log_loss) - np.asarray(family.log_prediction(jnp.asarray(theta), log_n, log_d))
     centre = _unconstrained_centre(family.prior, dict(zip(family.theta_names, theta)))
-    centre.update(sigma=float(np.log(max(np.median(np.abs(residual)) * 1.4826, 1e-4))), nu=float(np.log(5.0)))
-    return _run_nuts(loss_law_model_for(family), (log_n, log_d, log_loss),
-                     init_params=_jittered(centre, num_chains, seed, 0.02), var_names=loss_law_sites(family),
+    scale = max(np.median(np.abs(residual)) * 1.4826, 1e-4)
+    centre.update(sigma=float(np.log(scale)), nu=float(np.log(5.0)))
+    if run is None:
+        model, args = loss_law_model_for(family), (log_n, log_d, log_loss)
+    else:
+        run = np.asarray(run)
+        if run.shape != np.shape(loss) or not np.issubdtype(run.dtype, np.integer) or run.min(initial=0) < 0:
+            raise ValueError("run must hold one non-negative integer per row (PretrainingRuns.run_index())")
+        count = int(run.max(initial=-1)) + 1
+        model = run_effects_model_for(family)
+        args = (log_n, log_d, jnp.asarray(run), jnp.zeros(count), log_loss)
+        centre.update(sigma=float(np.log(scale / np.sqrt(2))), run_sd=float(np.log(scale / np.sqrt(2))),
+                      run_slope_sd=float(np.log(0.01)))
+        # The per-run z start at zero (NumPyro's uniform init would scatter them over [-2, 2]).
+        centre.update(run_z=np.zeros(count), run_slope_z=np.zeros(count))
+    out = _run_nuts(model, args,
+                     init_params=_jittered(centre, num_chains, seed, 0.02),
+                     var_names=loss_law_sites(family, run_effects=run is not None),
                      num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
                      progress_bar=progress_bar, target_accept=target_accept, summarize=summarize)
+    if run is not None:
+        out.samples["centre_log_d"] = np.asarray(float(jnp.mean(log_d)))
+    return out
+
+
+def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFamily, n_params: ArrayLike,
+                             n_tokens: ArrayLike, loss: ArrayLike, *, run: ArrayLike | None = None) -> np.ndarray:
+    """log p(log L_i | draw) for every posterior draw and row, shape ``(draws, rows)``.
+
+    The model is the one :func:`sample_loss_law` sampled (with per-run effects when ``run`` is
+    given, each row then conditioned on its run's own effects). Input of PSIS-LOO and stacking.
+    """
+    log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
+    if run is None:
+        model, args = loss_law_model_for(family), (log_n, log_d)
+    else:
+        run = jnp.asarray(run)
+        model, args = run_effects_model_for(family), (log_n, log_d, run, jnp.zeros(int(run.max()) + 1))
+    sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items() if k != "centre_log_d"}
+    with jax.numpy_dtype_promotion("standard"):
+        ll = numpyro.infer.log_likelihood(model, sites, *args, log_loss=log_loss)["log_loss"]
+    return np.asarray(ll)
 
 
 class Identification(NamedTuple):

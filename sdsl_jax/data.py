@@ -14,6 +14,9 @@ Pre-training runs, ``sdsl-pretraining v1``:
   name          no        run name
   flops         no        training compute (FLOP), > 0
   source        no        where the row comes from
+  run           no        training run the row belongs to (rows of one run share a random
+                          effect in the Bayesian fit: checkpoints or budget branches of one
+                          schedule); default: the model size, one run per distinct N
   ============  ========  ======================================================
 
 Acceptance measurements, ``sdsl-acceptance v1``:
@@ -172,6 +175,7 @@ PRETRAINING_SCHEMA = (
     _col("name", "str", False),
     _col("flops", "float", False, _POSITIVE),
     _col("source", "str", False),
+    _col("run", "str", False),
 )
 
 ACCEPTANCE_SCHEMA = (
@@ -298,9 +302,24 @@ class PretrainingRuns:
     flops: np.ndarray
     source: tuple[str | None, ...]
     path: str | None = None
+    run: tuple[str | None, ...] = None
+
+    def __post_init__(self):
+        if self.run is None:  # older callers: no run column
+            object.__setattr__(self, "run", (None,) * len(self.loss))
 
     def __len__(self) -> int:
         return len(self.loss)
+
+    def run_labels(self) -> tuple[str, ...]:
+        """Each row's run: the ``run`` column where given, else the model size (one run per N)."""
+        return tuple(r if r is not None else f"N={float(n)!r}" for r, n in zip(self.run, self.n_params))
+
+    def run_index(self) -> tuple[np.ndarray, int]:
+        """``(index, count)``: each row's run as an integer in ``[0, count)``, in order of first appearance."""
+        labels = self.run_labels()
+        order = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+        return np.array([order[label] for label in labels], np.int32), len(order)
 
     def select(self, mask: np.ndarray) -> "PretrainingRuns":
         """The runs where ``mask`` is true (a boolean array or integer indices)."""
