@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -144,6 +145,19 @@ def parse_args(argv):
     p.add_argument("--drop-highest-loss", type=int, metavar="K", help="drop the K highest-loss runs before "
                    "fitting (default: 5 for the shipped Chinchilla data, as the Epoch replication does; else 0)")
     p.add_argument("--posterior", action="store_true", help="also sample NUTS posteriors and report bands")
+    p.add_argument("--stack", nargs="?", const="all", default=None, metavar="FORMS",
+                   help="with --posterior: also fit the other loss-law forms (all that the data identify, or the "
+                        "comma-separated FORMS), weight the forms by Bayesian stacking of their PSIS-LOO predictive "
+                        "densities (az.compare) and report the bands of the stacked mixture (the point-fit columns "
+                        "stay those of --law)")
+    p.add_argument("--mean-only", action="store_true",
+                   help="bands of the law's mean curve only; default: posterior-predictive bands, which add the "
+                        "residuals of a new draft series, a new target and a new pair (what a model you train will "
+                        "show)")
+    p.add_argument("--run-effects", choices=("auto", "on", "off"), default="auto",
+                   help="per-run random intercept and slope in log D in the loss law's posterior ('auto': when some "
+                        "run, the 'run' column or else the model size, has rows at two or more budgets D; off for the "
+                        "chinchilla dataset, whose rows are separate runs). Default: auto")
     p.add_argument("--m-min", type=float, help="smallest target size of the N*(M) grid (chinchilla: 1e10; "
                    "ladder: 5e4)")
     p.add_argument("--m-max", type=float, help="largest target size of the N*(M) grid (chinchilla: 1.1e11; "
@@ -196,6 +210,13 @@ def run(args) -> int:
     validate_args(args, drop)
     if args.latency_batch < 1:
         raise UsageError(f"--latency-batch must be at least 1, got {args.latency_batch}")
+    if args.stack and not args.posterior:
+        raise UsageError("--stack weights the forms' posteriors: add --posterior")
+    if args.stack and args.stack != "all":
+        unknown = [f for f in args.stack.split(",") if f not in FAMILIES]
+        if unknown:
+            raise UsageError(f"--stack {args.stack}: unknown form(s) {', '.join(unknown)} (choose from "
+                             f"{', '.join(FAMILIES)})")
     try:
         recipe = parse_recipe(args.recipe, args.d_draft)
     except ValueError as err:
@@ -253,6 +274,15 @@ def run(args) -> int:
                        starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed)
     if family.name != "chinchilla" or acceptance_model.name != "plane":  # keeps earlier runs' stages valid
         fingerprint.update(law=family.name, acceptance_model=acceptance_model.name)
+    run_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
+    if run_effects is None and dataset.one_run_per_row and not args.pretraining:
+        run_effects = False  # the dataset's rows are separate runs (datasets.py)
+    if args.posterior:
+        uses_runs = pipeline.has_repeated_runs(runs) if run_effects is None else run_effects
+        fingerprint.update(run_effects=uses_runs)
+        log("posterior: " + ("per-run random effects in the loss law (rows of one run share an offset and a slope "
+                             "in log D)" if uses_runs else "rows independent (no run with two budgets, or --run-effects "
+                                                          "off)"))
     stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
@@ -263,7 +293,13 @@ def run(args) -> int:
             runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
             acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
             num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
-            progress_bar=False, fit_progress=progress, log=log)
+            predictive=not args.mean_only, run_effects=run_effects, progress_bar=False, fit_progress=progress,
+            log=log)
+    stacking = None
+    if args.stack:
+        result, stacking = stack_forms(result, args, runs=runs, acceptance=acceptance, family=family,
+                                       acceptance_model=acceptance_model, cost=cost, recipe=recipe, m_grid=m_grid,
+                                       named=named, fingerprint=fingerprint, run_effects=run_effects, log=log)
     point, post, pred = result.point, result.posterior, result.prediction
     grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
@@ -290,9 +326,12 @@ def run(args) -> int:
                       recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
                       m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=len(starts),
                       # NUTS settings only for a run that sampled (no posterior, no settings to record).
-                      **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws) if args.posterior else {})),
+                      **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
+                              bands="mean curve only" if args.mean_only else "posterior-predictive",
+                              run_effects="run_sd" in post.law_run.samples) if args.posterior else {})),
         loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=family.name,
-                      objective=point.objective, converged=point.converged),
+                      objective=point.objective, converged=point.converged,
+                      not_unique=list(point.not_unique)),
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
@@ -343,12 +382,22 @@ def run(args) -> int:
                         "flags: parameters the data do not identify",
                 contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
             loss_law={k: interval(v) for k, v in laws._asdict().items()},
+            residuals=dict(
+                meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
+                        "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
+                        "acceptance model's residual); the bands include them unless --mean-only",
+                **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
+                   for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
+                **({"alpha_sigma": interval(np.asarray(post.plane_run.samples["sigma"]).reshape(-1))}
+                   if post.plane_run is not None else {})),
             plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
             linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
             bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
                        m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
                        **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
         )
+    if stacking is not None:
+        summary["stacking"] = stacking
     if result.sensitivity is not None:
         summary["plane_sensitivity"] = dict(
             meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
@@ -371,6 +420,8 @@ def run(args) -> int:
     if post is not None:
         written |= {os.path.abspath(os.path.join(args.out, n + ".nc")) for n in ("loss_law_posterior", "plane_posterior")
                     if n == "loss_law_posterior" or post.plane_run is not None}
+    if not args.stack and os.path.isdir(os.path.join(args.out, "forms")):
+        shutil.rmtree(os.path.join(args.out, "forms"))  # an earlier --stack run's forms
     for name in OUTPUTS:
         path = os.path.abspath(os.path.join(args.out, name))
         if path not in written and os.path.isfile(path):
@@ -378,6 +429,57 @@ def run(args) -> int:
     print_table(summary, args)
     log(f"wrote {os.path.join(args.out, 'summary.json')}")
     return 3 if (args.strict and strict_failure) else 0
+
+
+def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cost, recipe, m_grid, named, fingerprint,
+                run_effects, log):
+    """Fit every other identifiable form, weight all by stacking, put the mixture's bands in ``result``.
+
+    Returns ``(result with the mixture's bands, summary entry)``; each form's stages and
+    posteriors are kept in ``--out/forms/<name>/``.
+    """
+    from sdsl_jax import pipeline
+    from sdsl_jax.fitting import IdentifiabilityError
+
+    results = {family.name: result}
+    skipped = {}
+    chosen = list(FAMILIES) if args.stack == "all" else args.stack.split(",")
+    for other in (FAMILIES[name] for name in chosen):
+        if other is family:
+            continue
+        try:
+            check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=other)
+        except IdentifiabilityError as err:
+            skipped[other.name] = err.problem
+            log(f"stacking: {other.name} skipped ({err.problem})")
+            continue
+        folder = os.path.join(args.out, "forms", other.name)
+        stages = pipeline.StageStore(folder, resume=args.resume, inputs=dict(fingerprint, law=other.name))
+        log(f"stacking: fitting the {other.name} form (point fit, posterior, N* draws)")
+        with log.heartbeat(8.0):
+            results[other.name] = pipeline.run(
+                runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=other,
+                acceptance_model=acceptance_model, cost=cost, posterior=True, num_chains=args.chains,
+                num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, stages=stages,
+                predictive=not args.mean_only, run_effects=run_effects, log=lambda _: None)
+    weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()})
+    for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
+                                    weights.pareto_k_max):
+        log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}")
+    grid_bands, named_bands = pipeline.mixture_bands(results, weights, m_grid=m_grid, targets=named,
+                                                     d_target=args.d_target, recipe=recipe, cost=cost, seed=args.seed)
+    pred = result.prediction._replace(bands=grid_bands, target_bands=named_bands)
+    q = list(named_bands.quantiles)
+    entry = dict(
+        method=weights.method, forms=list(weights.names), weights=weights.weights.tolist(),
+        elpd_loo=weights.elpd_loo.tolist(), elpd_se=weights.elpd_se.tolist(),
+        pareto_k_max=weights.pareto_k_max.tolist(), skipped=skipped,
+        meaning="the bands (targets, grid, linear law) are those of the stacked mixture of the forms' draws; the point "
+                "fit is --law's. For extrapolation to unseen sizes see experiments.holdout (grouped folds).",
+        n_star_point={name: np.asarray(r.prediction.named.n_star).tolist() for name, r in results.items()},
+        n_star_median={name: np.asarray(r.prediction.target_bands.n_star[q.index(0.5)]).tolist()
+                       for name, r in results.items()})
+    return result._replace(prediction=pred), entry
 
 
 def size(n: float) -> str:
@@ -393,7 +495,7 @@ def print_table(summary, args) -> None:
     post = summary.get("posterior")
     law = summary["loss_law"]
     print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
-    for k in [k for k in law if k not in ("family", "objective", "converged")]:
+    for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:
         extra = ""
         if post:
             i = post["loss_law"][k]
@@ -419,6 +521,18 @@ def print_table(summary, args) -> None:
             txt += (f"   posterior mu {mu['median']:.4g} [{mu['lo90']:.4g}, {mu['hi90']:.4g}], "
                     f"M0 {m0['median']:.4g} [{m0['lo90']:.4g}, {m0['hi90']:.4g}]")
         print(txt + f"   (paper: mu = {PAPER_MU}, M0 = {PAPER_M0:.3g})")
+    if summary.get("stacking"):
+        st = summary["stacking"]
+        print("\nForms stacked (" + st["method"] + "):")
+        for i, name in enumerate(st["forms"]):
+            print(f"  {name:>10}: weight {st['weights'][i]:.3f}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
+                  f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(size(v) for v in st["n_star_point"][name]))
+        for name, why in st["skipped"].items():
+            print(f"  {name:>10}: not fitted ({why})")
+        print("  The bands above are the stacked mixture's.")
+    if law.get("not_unique"):
+        print("The point fit is not unique (rival optima within 1% of its objective differ in "
+              + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")
     if post and post["identification"]["flags"]:
         print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))
     if "plane_sensitivity" in summary:

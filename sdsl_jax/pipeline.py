@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from sdsl_jax import bayes
-from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel
+from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel, ResidualAcceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.fitting import fit_acceptance_plane, fit_loss_law
@@ -52,9 +52,17 @@ __all__ = [
     "paired_draws",
     "PredictiveScales",
     "predictive_scales",
+    "predictive_planes",
+    "has_repeated_runs",
     "predict_draft_size",
     "rank_drafts",
+    "throughput_draws",
+    "best_draft_probabilities",
     "run",
+    "FormWeights",
+    "rival_optima",
+    "stacking_weights",
+    "mixture_bands",
 ]
 
 Log = Callable[[str], None]
@@ -77,6 +85,9 @@ class PointFit(NamedTuple):
       acceptance_model: the acceptance model.
       plane_fitted: False when ``plane`` is the fixed preset (no acceptance data).
       plane_r_squared: weighted R^2 of the fitted acceptance model (NaN when fixed).
+      not_unique: the law's fitting coordinates that differ between starts ending within
+        ``NEAR_OPTIMUM`` of the best objective (by more than 0.05): the point fit is one of several
+        near-equivalent optima there, which a machine's rounding can swap (trust the posterior).
     """
 
     law: Any
@@ -88,6 +99,26 @@ class PointFit(NamedTuple):
     acceptance_model: AcceptanceModel
     plane_fitted: bool
     plane_r_squared: float
+    not_unique: tuple[str, ...] = ()
+
+
+NEAR_OPTIMUM = 1e-2
+"""Relative distance to the best objective within which another start's optimum counts as a rival."""
+
+
+def rival_optima(all_theta: np.ndarray, all_values: np.ndarray, names: tuple[str, ...], *,
+                 near: float = NEAR_OPTIMUM, spread: float = 0.05) -> tuple[str, ...]:
+    """Coordinates that differ by more than ``spread`` among the starts within ``near`` of the best."""
+    values = np.asarray(all_values, np.float64)
+    ok = np.isfinite(values)
+    if not ok.any():
+        return ()
+    best = values[ok].min()
+    close = ok & (values <= best + near * abs(best))
+    theta = np.asarray(all_theta, np.float64)[close]
+    # A log-coefficient at -700 or -inf is "negligible" either way: compare within [-50, 50].
+    theta = np.clip(np.nan_to_num(theta, nan=0.0, posinf=50.0, neginf=-50.0), -50.0, 50.0)
+    return tuple(n for n, lo, hi in zip(names, theta.min(0), theta.max(0)) if hi - lo > spread)
 
 
 class Posterior(NamedTuple):
@@ -157,6 +188,7 @@ class PipelineResult(NamedTuple):
     prediction: DraftSizePrediction
     sensitivity: dict | None  # elasticities of N* to a fixed plane's coefficients
     draws: tuple[Any, Any] | None = None  # the paired (laws, planes) behind the bands
+    scales: PredictiveScales | None = None  # their residual scales (None: mean-curve bands)
 
 
 class StageStore:
@@ -236,8 +268,9 @@ def fit_point(
     cached = stages.load("point_fit") if stages is not None else None
     if cached is None:
         fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, starts=starts, progress=progress)
+        rivals = rival_optima(fit.result.all_params, fit.result.all_values, tuple(family.theta_names))
         cached = dict(theta=np.asarray(fit.theta), value=np.asarray(fit.result.value),
-                      converged=np.asarray(fit.result.converged))
+                      converged=np.asarray(fit.result.converged), not_unique=np.asarray(",".join(rivals)))
         if stages is not None:
             stages.save("point_fit", **cached)
     else:
@@ -252,8 +285,9 @@ def fit_point(
         r2 = float(plane_fit.r_squared)
     else:
         plane, r2 = fixed_plane, float("nan")
+    not_unique = tuple(n for n in str(cached.get("not_unique", "")).split(",") if n)
     return PointFit(law, theta, float(cached["value"]), bool(cached["converged"]), family, plane, acceptance_model,
-                    acceptance is not None, r2)
+                    acceptance is not None, r2, not_unique)
 
 
 def sample_posterior(
@@ -266,21 +300,28 @@ def sample_posterior(
     num_samples: int = 500,
     seed: int = 0,
     plane_seed: int | None = None,
+    run_effects: bool | None = None,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
 ) -> Posterior:
     """NUTS posteriors of the loss law (and of the acceptance model when there are data).
 
-    ``plane_seed`` defaults to ``seed + 1``. With ``stages``, each finished run is kept (and its
-    netCDF written beside the stages) and reused on ``--resume``.
+    ``plane_seed`` defaults to ``seed + 1``. ``run_effects``: the hierarchical loss law with a
+    random intercept and slope in log D per training run (:func:`sdsl_jax.bayes.run_effects_model_for`;
+    runs from :meth:`PretrainingRuns.run_index`); None (default) uses it when some run has rows
+    at two or more budgets D, where the effects are identified. With ``stages``, each finished run
+    is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
     kw = dict(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress_bar)
+    if run_effects is None:
+        run_effects = has_repeated_runs(runs)
+    run = runs.run_index()[0] if run_effects else None
 
     def law_sample():
         return bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=point.law, family=point.family,
-                                     seed=seed, **kw)
+                                     seed=seed, run=run, **kw)
 
     law_run, reused = stages.posterior("loss_law_posterior", law_sample) if stages else (law_sample(), False)
     if reused:
@@ -307,6 +348,12 @@ def sample_posterior(
     return Posterior(laws, planes, law_run, plane_run, diagnostics, identified)
 
 
+def has_repeated_runs(runs: PretrainingRuns) -> bool:
+    """Whether some training run has rows at two or more budgets D (run effects are identified)."""
+    index, count = runs.run_index()
+    return any(np.unique(runs.n_tokens[index == r]).size >= 2 for r in range(count))
+
+
 class PredictiveScales(NamedTuple):
     """Residual scales per posterior draw, aligned with :func:`paired_draws`.
 
@@ -315,11 +362,24 @@ class PredictiveScales(NamedTuple):
         log loss (a new model's log loss scatters around the law's curve by this much).
       alpha_sigma: the acceptance model's residual standard deviation (a row of average weight);
         zeros when the plane is fixed (no acceptance data, no residual known).
+      run_sd, run_slope_sd: a new training run's random intercept and slope in log D (zeros
+        for the model without run effects); ``centre_log_d``: the data's mean log D.
     """
 
     loss_sigma: np.ndarray
     loss_nu: np.ndarray
     alpha_sigma: np.ndarray
+    run_sd: np.ndarray | None = None
+    run_slope_sd: np.ndarray | None = None
+    centre_log_d: float = 0.0
+
+    def log_loss_offsets(self, log_d: Any, *, size: tuple[int, ...] = (), seed: int = 0) -> np.ndarray:
+        """Draws of a new model's log-loss offset from the law, shape ``(draws, *size)``
+        (:func:`sdsl_jax.bayes.new_run_offsets`)."""
+        samples = dict(sigma=self.loss_sigma, nu=self.loss_nu)
+        if self.run_sd is not None:
+            samples.update(run_sd=self.run_sd, run_slope_sd=self.run_slope_sd)
+        return bayes.new_run_offsets(samples, log_d, centre_log_d=self.centre_log_d, size=size, seed=seed)
 
 
 def _draw_indices(total: int, count: int | None, rng_seed: int, size: int) -> np.ndarray:
@@ -336,12 +396,34 @@ def predictive_scales(posterior: Posterior, *, count: int | None = None, seed: i
     size = n_laws if n_planes is None else min(n_laws, n_planes)
     idx = _draw_indices(n_laws, count, seed, size)
     sigma, nu = (np.asarray(law_samples[k]).reshape(-1)[idx] for k in ("sigma", "nu"))
+    run_sd = run_slope_sd = None
+    if "run_sd" in law_samples:
+        run_sd, run_slope_sd = (np.asarray(law_samples[k]).reshape(-1)[idx] for k in bayes.RUN_EFFECT_SITES)
     if n_planes is None:
         alpha_sigma = np.zeros_like(sigma)
     else:
         alpha_sigma = np.asarray(posterior.plane_run.samples["sigma"]).reshape(-1)[
             _draw_indices(n_planes, count, seed + 1, size)]
-    return PredictiveScales(sigma, nu, alpha_sigma)
+    return PredictiveScales(sigma, nu, alpha_sigma, run_sd, run_slope_sd,
+                            float(law_samples.get("centre_log_d", 0.0)))
+
+
+def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, d_target: float,
+                      seed: int = 0) -> ResidualAcceptance:
+    """Acceptance draws that carry a new draft's, a new target's and a new pair's residuals.
+
+    One offset of the draft's log loss per draw, shared by every draft size N of that draw (the
+    draft series is trained by one recipe on one corpus, so its deviation from the law moves
+    the whole curve T(N), which is what moves N*); one for the target; one on alpha. The draft's
+    offset is drawn at the training budget ``d_draft`` (with a recipe: the budget near N*),
+    since a run's slope effect grows with the distance of log D from the data's centre.
+    """
+    count = scales.loss_sigma.shape[0]
+    dx = scales.log_loss_offsets(np.log(d_draft), seed=seed)
+    dy = scales.log_loss_offsets(np.log(d_target), seed=seed + 1)
+    da = scales.alpha_sigma * np.random.default_rng(seed + 2).standard_normal(count)
+    planes = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,)), planes)
+    return ResidualAcceptance(planes, dx, dy, da)
 
 
 def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> tuple[Any, Any]:
@@ -365,6 +447,13 @@ def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 
     return laws, planes
 
 
+def _geometric_mean(values) -> float:
+    """Geometric mean of the finite values (NaN when there is none)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    return float(np.exp(np.mean(np.log(v)))) if v.size else float("nan")
+
+
 def predict_draft_size(
     point: PointFit,
     *,
@@ -375,9 +464,16 @@ def predict_draft_size(
     recipe: Any = None,
     cost: Any = SDSL_FLOPS,
     draws: tuple[Any, Any] | None = None,
+    scales: PredictiveScales | None = None,
+    seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> DraftSizePrediction:
-    """N*(M) at the point fit on ``m_grid`` and for ``targets``; with ``draws`` (laws, planes), bands."""
+    """N*(M) at the point fit on ``m_grid`` and for ``targets``; with ``draws`` (laws, planes), bands.
+
+    With ``scales`` as well the bands are posterior-predictive (:func:`predictive_planes`): each
+    draw also carries a new draft series', a new target's and a new pair's residuals, so the
+    band is on the N* of models that will be trained, not only on the law's mean curve.
+    """
     recipe = as_recipe(d_draft, recipe)
     kw = dict(d_target=d_target, recipe=recipe, cost=cost)
     m_grid, targets = np.asarray(m_grid, np.float64), np.asarray(targets, np.float64)
@@ -389,6 +485,10 @@ def predict_draft_size(
     bands = target_bands = None
     if draws is not None:
         laws, planes = draws
+        if scales is not None:
+            n_ref = _geometric_mean(both.n_star)  # the drafts' budget near N*
+            d_ref = float(np.asarray(recipe.draft_tokens(n_ref if np.isfinite(n_ref) else np.median(m_all))))
+            planes = predictive_planes(planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
         n_star, gamma, thr = bayes.solve_draws(m_all, laws, planes, progress=progress, **kw)
         bands = bayes.summarize_draws(m_grid, n_star[:, :k], gamma[:, :k], thr[:, :k])
         target_bands = bayes.summarize_draws(targets, n_star[:, k:], gamma[:, k:], thr[:, k:])
@@ -424,30 +524,143 @@ def rank_drafts(
     best = int(np.nanargmax(t)) if np.isfinite(t).any() else None
     p_best = band = None
     if draws is not None:
-        laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
-        if scales is None:
-            t_draws = np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, **kw))
-        else:
-            t_draws = _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed)
-        ok = np.isfinite(t_draws).any(axis=1)
-        winner = np.argmax(np.where(np.isfinite(t_draws), t_draws, -np.inf), axis=1)
-        p_best = np.array([np.mean(winner[ok] == i) if ok.any() else np.nan for i in range(len(n))])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            band = np.nanpercentile(t_draws, [5, 95], axis=0).T
+        t_draws = throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=m_target, d_target=d_target, cost=cost,
+                                   scales=scales, seed=seed)
+        p_best, band = best_draft_probabilities(t_draws)
     return DraftRanking(alpha, t, best, p_best, band)
+
+
+def throughput_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: np.ndarray, m_target: float,
+                     d_target: float, cost: Any = SDSL_FLOPS, scales: PredictiveScales | None = None,
+                     seed: int = 0) -> np.ndarray:
+    """T of each candidate draft under each posterior draw, shape ``(draws, candidates)``.
+
+    With ``scales``, posterior-predictive (see :func:`rank_drafts`); NaN where a candidate is
+    inadmissible in a draw.
+    """
+    n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
+    laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
+    if scales is None:
+        return np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, d_draft=d, d_target=d_target,
+                                           cost=cost))
+    return _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed)
+
+
+def best_draft_probabilities(t_draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P(best) per candidate and the 5%-95% band of T from ``(draws, candidates)`` throughputs.
+
+    A candidate inadmissible in a draw (NaN) cannot win it; a draw where none is admissible is
+    left out of P(best).
+    """
+    ok = np.isfinite(t_draws).any(axis=1)
+    winner = np.argmax(np.where(np.isfinite(t_draws), t_draws, -np.inf), axis=1)
+    p_best = np.array([np.mean(winner[ok] == i) if ok.any() else np.nan for i in range(t_draws.shape[1])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = np.nanpercentile(t_draws, [5, 95], axis=0).T
+    return p_best, band
 
 
 def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_target, d_target, cost, seed: int):
     """T per (draw, candidate) with new-model residuals drawn on log loss and on alpha."""
     rng = np.random.default_rng(seed)
     count = scales.loss_sigma.shape[0]
-    sigma, nu = scales.loss_sigma[:, None], scales.loss_nu[:, None]
-    log_x = np.log(np.asarray(laws.loss(n[None, :], d[None, :]))) + sigma * rng.standard_t(nu, (count, n.size))
-    log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + sigma * rng.standard_t(nu, (count, 1))
+    log_x = np.log(np.asarray(laws.loss(n[None, :], d[None, :]))) + scales.log_loss_offsets(
+        np.log(d)[None, :], size=(n.size,), seed=seed)
+    log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + scales.log_loss_offsets(
+        np.log(d_target), size=(1,), seed=seed + 1)
     alpha = np.asarray(planes.rate(np.exp(np.exp(log_x)), np.exp(np.exp(log_y))))
     alpha = alpha + scales.alpha_sigma[:, None] * rng.standard_normal((count, n.size))
     return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
+
+
+class FormWeights(NamedTuple):
+    """Loss-law forms compared by PSIS-LOO and their Bayesian stacking weights.
+
+    Attributes:
+      names: the forms (family names).
+      weights: stacking weights (sum to 1) [Yao, Vehtari, Simpson & Gelman 2018].
+      elpd_loo, elpd_se: expected log predictive density by PSIS-LOO and its standard error.
+      pareto_k_max: the largest Pareto k of each form's PSIS (above 0.7: LOO unreliable there).
+      method: how the weights were computed.
+    """
+
+    names: tuple[str, ...]
+    weights: np.ndarray
+    elpd_loo: np.ndarray
+    elpd_se: np.ndarray
+    pareto_k_max: np.ndarray
+    method: str
+
+
+def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior]) -> FormWeights:
+    """Stacking weights over loss-law forms from their posteriors, by ArviZ's ``az.compare``.
+
+    ArviZ does the work (PSIS-LOO per form, then the stacking optimisation over the pointwise
+    predictive densities). Its LOO leaves out one ROW: with per-run effects the row's run keeps
+    its other rows, so this scores interpolation within runs. Whether a form predicts a size it
+    has not seen needs leave-one-size-out, which PSIS cannot approximate (a whole group's
+    weight is too large for importance sampling): ``experiments.holdout`` does that fold loop
+    and its grouped stacking weights are the ones to trust for extrapolation.
+    """
+    idata = {}
+    k_max = {}
+    for name, post in posteriors.items():
+        samples = post.law_run.samples
+        run = runs.run_index()[0] if "run_sd" in samples else None
+        ll = bayes.pointwise_log_likelihood(samples, _family(name), runs.n_params, runs.n_tokens, runs.loss, run=run)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            idata[name] = bayes.az.from_dict(posterior={"sigma": np.asarray(samples["sigma"])[None]},
+                                             log_likelihood={"log_loss": ll[None]})
+            k_max[name] = float(np.max(bayes.az.loo(idata[name], pointwise=True).pareto_k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = bayes.az.compare(idata, ic="loo", method="stacking")
+    names = tuple(posteriors)
+    return FormWeights(names, np.array([float(table.loc[n, "weight"]) for n in names]),
+                       np.array([float(table.loc[n, "elpd_loo"]) for n in names]),
+                       np.array([float(table.loc[n, "se"]) for n in names]),
+                       np.array([k_max[n] for n in names]),
+                       "Bayesian stacking of PSIS-LOO predictive densities (az.compare, method='stacking'); rows left "
+                       "out one at a time")
+
+
+def _family(name: str) -> LossLawFamily:
+    from sdsl_jax.loss_laws import FAMILIES
+
+    return FAMILIES[name]
+
+
+def mixture_bands(results: dict[str, PipelineResult], weights: FormWeights, *, m_grid: np.ndarray,
+                  targets: np.ndarray, d_target: float, d_draft: float | None = None, recipe: Any = None,
+                  cost: Any = SDSL_FLOPS, seed: int = 0) -> tuple[bayes.DraftSizeBands, bayes.DraftSizeBands]:
+    """Bands on N* (grid, named targets) from the stacked mixture of the forms' predictive draws.
+
+    Each form contributes ``round(weight x draws)`` of its own posterior-predictive draws (its
+    laws, its paired acceptance draws and residual scales), the mixture is summarised as one.
+    """
+    recipe = as_recipe(d_draft, recipe)
+    m_grid, targets = np.asarray(m_grid, np.float64), np.asarray(targets, np.float64)
+    m_all, k = np.concatenate([m_grid, targets]), m_grid.size
+    total = min(np.size(r.draws[0][0]) for r in results.values())
+    solved = []
+    for name, w in zip(weights.names, weights.weights):
+        count = int(round(w * total))
+        if count == 0:
+            continue
+        res = results[name]
+        laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:count], x) for x in res.draws)
+        if res.posterior is not None and res.scales is not None:
+            scales = PredictiveScales(*(np.asarray(v)[:count] if isinstance(v, np.ndarray) else v
+                                        for v in res.scales))
+            n_ref = _geometric_mean(res.prediction.named.n_star)
+            d_ref = float(np.asarray(recipe.draft_tokens(n_ref if np.isfinite(n_ref) else np.median(m_all))))
+            planes = predictive_planes(planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
+        solved.append(bayes.solve_draws(m_all, laws, planes, d_target=d_target, recipe=recipe, cost=cost))
+    n_star, gamma, thr = (np.concatenate([s[i] for s in solved]) for i in range(3))
+    return (bayes.summarize_draws(m_grid, n_star[:, :k], gamma[:, :k], thr[:, :k]),
+            bayes.summarize_draws(targets, n_star[:, k:], gamma[:, k:], thr[:, k:]))
 
 
 def run(
@@ -463,6 +676,8 @@ def run(
     acceptance_model: AcceptanceModel = PLANE,
     cost: Any = SDSL_FLOPS,
     posterior: bool = False,
+    predictive: bool = True,
+    run_effects: bool | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -482,6 +697,10 @@ def run(
       d_target, d_draft, recipe: training budgets of target and drafts.
       family, acceptance_model, cost: the chain's links.
       posterior: also sample NUTS posteriors and report bands.
+      predictive: posterior-predictive bands (the residuals of new models, :func:`predictive_planes`);
+        False: bands of the law's mean curve only.
+      run_effects: per-run random effects in the loss law (None: where identified; see
+        :func:`sample_posterior`).
       num_chains, num_warmup, num_samples, seed: NUTS settings.
       starts: loss-law multi-start grid (default the family's).
       stages: a :class:`StageStore` for resumable runs.
@@ -495,26 +714,31 @@ def run(
     log("loss law ({}): {} (objective {:.6g}, {})".format(
         family.name, " ".join(f"{k}={v:.5g}" for k, v in point.law._asdict().items()), point.objective,
         "converged" if point.converged else "NOT converged"))
+    if point.not_unique:
+        log(f"loss law: the point fit is not unique: starts ending within {NEAR_OPTIMUM:.0%} of the best objective "
+            f"disagree on {', '.join(point.not_unique)} (a machine's rounding can pick another of them; the "
+            "posterior bands carry this, the point does not)")
     if point.plane_fitted:
         log("acceptance ({}): {} R^2={:.3f}".format(
             acceptance_model.name, " ".join(f"{k}={v:.5g}" for k, v in point.plane._asdict().items()),
             point.plane_r_squared))
-    post = draws = None
+    post = draws = scales = None
     if posterior:
         log(f"posterior: NUTS on the loss law{' and the acceptance model' if acceptance is not None else ''}, "
             f"{num_chains} chains x ({num_warmup} warm-up + {num_samples} draws)")
         post = sample_posterior(runs, acceptance, point, num_chains=num_chains, num_warmup=num_warmup,
-                                num_samples=num_samples, seed=seed, progress_bar=progress_bar, stages=stages,
-                                log=log)
+                                num_samples=num_samples, seed=seed, run_effects=run_effects,
+                                progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
+        scales = predictive_scales(post) if predictive else None
     log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
         + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,
-                                    cost=cost, draws=draws,
+                                    cost=cost, draws=draws, scales=scales, seed=seed,
                                     progress=lambda d, t: log(f"  {d}/{t} draws solved"))
     sensitivity = None
     if not point.plane_fitted:
         log("sensitivity: d log N* / d log |A, B, C| of the fixed plane, by implicit derivatives")
         sensitivity = bayes.plane_sensitivity(targets, law=point.law, plane=point.plane, d_target=d_target,
                                               recipe=recipe, cost=cost)
-    return PipelineResult(point, post, prediction, sensitivity, draws)
+    return PipelineResult(point, post, prediction, sensitivity, draws, scales)

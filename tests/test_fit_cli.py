@@ -119,6 +119,24 @@ def test_ladder_dataset_fits_the_committed_ladder(tmp_path):
     assert summary["data"]["acceptance"]["pairs"] > 20
 
 
+def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
+    """`--stack FORMS`: the forms fitted, weighted by stacking, the bands of the mixture;
+    the ladder's sizes are runs with four budgets each, so the posterior has per-run effects."""
+    out = tmp_path / "out"
+    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,data", "--chains", "1", "--warmup", "60",
+                         "--draws", "60", "--starts", "20", "--num-targets", "3", "--out", str(out), "--quiet",
+                         "--no-figures"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    stacking = summary["stacking"]
+    assert stacking["forms"] == ["chinchilla", "data"] and abs(sum(stacking["weights"]) - 1) < 1e-6
+    assert summary["settings"]["run_effects"] is True and summary["settings"]["bands"] == "posterior-predictive"
+    assert {"sigma", "run_sd", "run_slope_sd", "alpha_sigma"} <= summary["posterior"]["residuals"].keys()
+    for t in summary["targets"]:
+        assert t["n_star_lo90"] <= t["n_star_median"] <= t["n_star_hi90"]
+    assert all((out / "forms" / f / "stages").is_dir() for f in stacking["forms"] if f != "chinchilla")
+
+
 SHIPPED = os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv")
 
 
@@ -135,6 +153,8 @@ SHIPPED = os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv")
     (["--drop-highest-loss", "240"], "leaves fewer than 6 of the 245 runs"),
     (["--recipe", "tokens-per-param=-2"], "the value must be a positive finite number"),
     (["--chains", "0"], "--chains must be at least 1"),
+    (["--stack"], "--stack weights the forms' posteriors: add --posterior"),
+    (["--posterior", "--stack", "chinchilla,cubic"], "unknown form(s) cubic"),
 ])
 def test_bad_arguments_exit_2_before_anything_is_created(tmp_path, capsys, args, fragment):
     out = tmp_path / "out"
