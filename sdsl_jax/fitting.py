@@ -105,11 +105,17 @@ class _Carry(NamedTuple):
 
 
 def _keep_going(carry: _Carry, max_steps, ftol, gtol) -> jax.Array:
-    """SciPy L-BFGS-B's stopping rules: relative decrease <= ftol or gradient norm <= gtol."""
+    """Stop when the relative decrease is <= ftol or the gradient norm is <= gtol.
+
+    SciPy L-BFGS-B measures the decrease against ``max(|f|, 1)``; an objective far below 1 (a
+    summed Huber loss of good fits is ~1e-3) then stops at a decrease of ~1e-6 of itself, early
+    enough that two machines' rounding ends in different places (the ladder's mu moved by 30%).
+    Here the decrease is measured against ``|f|`` itself (the tiny floor only guards f = 0).
+    """
     count = optax.tree.get(carry.state, "count")
     value = optax.tree.get(carry.state, "value")
     grad_norm = optax.tree.norm(optax.tree.get(carry.state, "grad"))
-    scale = jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(carry.previous_value)), 1.0)
+    scale = jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(carry.previous_value)), jnp.finfo(value.dtype).tiny)
     decreasing = (carry.previous_value - value) > ftol * scale
     return (count < 2) | ((count < max_steps) & decreasing & (grad_norm > gtol) & jnp.isfinite(value))
 
@@ -168,8 +174,10 @@ def fit_multistart(
     ``chunk_size`` starts. Runs proceed in rounds of ``steps_per_round`` iterations; after each
     round the starts that stopped are retired and the rest repacked, so the cost follows the
     total number of iterations rather than (number of starts) x (slowest start). Stopping rules
-    are SciPy L-BFGS-B's: relative decrease of the objective <= ``ftol`` or gradient norm <=
-    ``gtol``; ``max_steps`` caps a start (and then it is reported as not converged).
+    are SciPy L-BFGS-B's, except that the decrease is relative to the objective itself (not to
+    ``max(|f|, 1)``: a summed loss of 1e-3 would stop at a decrease of 1e-6 of itself): relative
+    decrease <= ``ftol`` or gradient norm <= ``gtol``; ``max_steps`` caps a start (and then it is
+    reported as not converged).
 
     Args:
       objective: scalar function ``objective(theta, *args)``; a module-level function (not a
@@ -330,9 +338,8 @@ def fit_loss_law(
       family: the law's form (:mod:`sdsl_jax.loss_laws`; default Chinchilla, the paper's).
       starts: rows of the family's theta; default its grid (Chinchilla: :data:`EPOCH_GRID`,
         the Epoch replication's 4,500 starts).
-      max_steps, ftol, gtol: L-BFGS stopping rules per start (SciPy's defaults; ``ftol`` is
-        relative to ``max(|objective|, 1)``, so lower it for data whose summed loss is far
-        below 1).
+      max_steps, ftol, gtol: L-BFGS stopping rules per start (SciPy's default values; ``ftol``
+        is relative to the objective itself, see :func:`fit_multistart`).
       progress: callback ``(round, active_starts, total_starts)``, see :func:`fit_multistart`.
       linesearch: L-BFGS line search (:func:`fit_multistart`); default ``"backtracking"`` for
         Chinchilla (the benchmarked Epoch method, whose 4,500 starts reach the optimum) and
