@@ -111,11 +111,17 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
                 rec["p_best_mean_only"] = mean_only.p_best.tolist()
             rec["predicted_tokens_per_flop_band"] = ranking.throughput_band.tolist()
             laws, planes = draws
-            bands = bayes.propagate_draft_size(np.array([m]), laws, planes, d_draft=d_ref, d_target=d_prime,
+            # Posterior-predictive N* bands as in the fit CLI: a new draft series' and target's residuals.
+            fixed_planes = planes if scales is None else pipeline.predictive_planes(
+                planes, scales, d_draft=d_ref, d_target=d_prime, seed=seed)
+            bands = bayes.propagate_draft_size(np.array([m]), laws, fixed_planes, d_draft=d_ref, d_target=d_prime,
                                                quantiles=(0.05, 0.5, 0.95))
             rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
             rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
-            recipe_bands = bayes.propagate_draft_size(np.array([m]), laws, planes, recipe=TokensPerParameter(rho),
+            recipe_planes = planes if scales is None else pipeline.predictive_planes(
+                planes, scales, d_draft=float(rho * along.n_star) if np.isfinite(along.n_star) else d_ref,
+                d_target=d_prime, seed=seed)
+            recipe_bands = bayes.propagate_draft_size(np.array([m]), laws, recipe_planes, recipe=TokensPerParameter(rho),
                                                       d_target=d_prime, quantiles=(0.05, 0.5, 0.95))
             rec["n_star_recipe_band"] = np.asarray(recipe_bands.n_star)[:, 0].tolist()
         # The law's curve at D_ref, reaching down past N* and its band for the figure.
@@ -126,6 +132,66 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             draft_throughput(grid, m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)).tolist()
         out.append(rec)
     return out
+
+
+def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
+                        draws: int, propagate: int, seed: int, log=print) -> dict[float, tuple]:
+    """For each draft size, the law and the acceptance model fitted WITHOUT that size's models.
+
+    The size's pre-training runs leave the loss-law fit and every acceptance pair with a model of
+    that size (as draft or as target) leaves the acceptance fit: the prediction for a draft of
+    that size is then prospective, as for a draft not yet trained. Returns
+    ``{size: (point, draws, scales)}`` (:mod:`sdsl_jax.pipeline`).
+    """
+    from sdsl_jax import pipeline
+
+    out = {}
+    for k, size in enumerate(sizes, 1):
+        train = runs.select(runs.n_params != size)
+        kept = pairs.select((pairs.n_draft != size) & (pairs.n_target != size))
+        log(f"prospective: {k}/{len(sizes)}: fitting without the {size:.4g}-parameter models "
+            f"({len(train)} runs, {len(kept)} pairs)")
+        starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
+        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts)
+        post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
+                                         num_samples=draws, seed=seed, plane_seed=seed)
+        out[float(size)] = (point, pipeline.paired_draws(post, count=propagate, seed=seed),
+                            pipeline.predictive_scales(post, count=propagate, seed=seed))
+    return out
+
+
+def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int = 0) -> None:
+    """Each candidate's T predicted by the fit that left its size out: P(best), best, regret.
+
+    The draws of different candidates come from different fits, paired by index (the posteriors
+    are independent); every fit draws its residuals from the same seed, so a draw's offsets are
+    aligned across candidates as in :func:`sdsl_jax.pipeline.rank_drafts`.
+    """
+    from sdsl_jax import pipeline
+    from sdsl_jax.objective import draft_throughput
+
+    for r in records:
+        n, d = np.asarray(r["n_drafts"]), np.asarray(r["d_drafts"])
+        columns, point_t = [], []
+        for j, size in enumerate(n):
+            point, draws, scales = fits[float(size)]
+            t = pipeline.throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=r["m_target"],
+                                          d_target=r["d_target"], scales=scales, seed=seed)
+            columns.append(t[:, j])
+            point_t.append(float(draft_throughput(n[j], r["m_target"], d_draft=d[j], d_target=r["d_target"],
+                                                  loss=point.law, plane=point.plane)))
+        count = min(c.size for c in columns)
+        p_best, band = pipeline.best_draft_probabilities(np.stack([c[:count] for c in columns], axis=1))
+        point_t = np.asarray(point_t)
+        best = int(np.nanargmax(point_t)) if np.isfinite(point_t).any() else None
+        measured = np.asarray(r["measured_tokens_per_flop"])
+        r.update(prospective_tokens_per_flop=point_t.tolist(), prospective_p_best=p_best.tolist(),
+                 prospective_tokens_per_flop_band=band.tolist(),
+                 prospective_best=r["drafts"][best] if best is not None else None,
+                 prospective_regret=float(1 - measured[best] / measured.max()) if best is not None else float("nan"),
+                 # The draft the prospective P(best) favours, and what choosing it costs.
+                 prospective_most_probable=r["drafts"][int(np.nanargmax(p_best))],
+                 prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()))
 
 
 def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
@@ -252,6 +318,9 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="output folder (<data>/closure)")
     p.add_argument("--mean-only", action="store_true", help="P(best) and the T bands from the law's mean and the "
                    "plane's coefficients only, without the residual scatter of new models")
+    p.add_argument("--prospective", action="store_true",
+                   help="with --posterior: also predict each draft with its own size left out of both fits (one "
+                        "refit per draft size), scored like the in-sample P(best)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -301,9 +370,16 @@ def _close(args, argv) -> int:
             f"{post.diagnostics['plane'].max_rhat:.3f}")
     records = close_loop(speculative, point, draws=draws, scales=scales, perplexities=measured_perplexities(pairs),
                          seed=args.seed)
+    if args.prospective and draws is not None:
+        sizes = sorted({float(v) for v in speculative.n_draft})
+        fits = leave_size_out_fits(runs, pairs, sizes, family=family, model=model, starts_every=args.starts,
+                                   chains=args.chains, warmup=args.warmup, draws=args.draws, propagate=args.propagate,
+                                   seed=args.seed, log=log)
+        add_prospective(records, fits, seed=args.seed)
     table = markdown_table(records)
     scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
-                                                               ("mean_only", "p_best_mean_only"))}
+                                                               ("mean_only", "p_best_mean_only"),
+                                                               ("prospective", "prospective_p_best"))}
     scores = {k: v for k, v in scores.items() if v is not None}
     if "mean_only" in scores:
         scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
@@ -316,6 +392,17 @@ def _close(args, argv) -> int:
                                                   f"; without the residual terms: log score "
                                                   f"{scores['mean_only']['log_score']:.2f}, Brier "
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")
+    if "prospective" in scores:
+        s = scores["prospective"]
+        s["regret"] = [r["prospective_regret"] for r in records]
+        s["meaning"] = "each draft predicted by fits that left its own size out (loss law and acceptance)"
+        table += ("\nProspective (each draft's own size left out of both fits): " + "; ".join(
+            f"{r['target']}: best {r['prospective_best']}, P(measured best {r['measured_best']}) "
+            f"{r['prospective_p_best'][r['drafts'].index(r['measured_best'])]:.2f}, regret "
+            f"{100 * r['prospective_regret']:.1f}%" for r in records)
+            + f". Log score {s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} "
+              f"(uniform {s['uniform_brier']:.3f}), measured best in the 90% credible set for "
+              f"{s['measured_best_in_90_credible_set']} of {s['targets']}.\n")
     print(table)
     write_text(os.path.join(out, "closure.md"), table)
     write_json(os.path.join(out, "closure.json"), dict(

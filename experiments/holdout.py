@@ -63,8 +63,13 @@ def stacking_weights(log_density: np.ndarray, *, iterations: int = 2000) -> np.n
     return w
 
 
-def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_every):
-    """Fit ``family`` on ``runs[keep]``; predictive log densities and bands for ``runs[~keep]``."""
+def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_every, run_effects=False):
+    """Fit ``family`` on ``runs[keep]``; predictive log densities and bands for ``runs[~keep]``.
+
+    With ``run_effects`` the hierarchical posterior (:func:`sdsl_jax.bayes.run_effects_model_for`):
+    the held-out runs are one NEW run, so each draw gives them one shared intercept and slope in
+    log D (Monte Carlo over the draws) on top of their Student-t residuals.
+    """
     from sdsl_jax import bayes, fit_loss_law
 
     train, test = runs.select(keep), runs.select(~keep)
@@ -73,13 +78,16 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     point = fit_loss_law(train.n_params, train.n_tokens, train.loss, family=family, starts=starts)
     post = bayes.sample_loss_law(train.n_params, train.n_tokens, train.loss, init=point.law, family=family,
                                  num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
-                                 progress_bar=False, summarize=False)
+                                 run=train.run_index()[0] if run_effects else None, progress_bar=False,
+                                 summarize=False)
     theta = np.stack([np.asarray(post.samples[n]).reshape(-1) for n in family.theta_names], axis=1)
     sigma, nu = (np.asarray(post.samples[k]).reshape(-1) for k in ("sigma", "nu"))
     import jax
 
     ln, ld = np.log(test.n_params), np.log(test.n_tokens)
     mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out runs)
+    mean = mean + bayes.new_run_effect(post.samples, ld, centre_log_d=float(post.samples.get("centre_log_d", 0.0)),
+                                       seed=seed + 1)
     y = np.log(test.loss)
     log_density = _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0)
     rng = np.random.default_rng(seed)
@@ -129,7 +137,7 @@ def _summary(folds: dict, sizes: list[float]) -> dict:
 
 
 def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, draws=300, seed=0, starts_every=1,
-                log=print) -> dict:
+                run_effects=False, log=print) -> dict:
     from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
     from sdsl_jax.fitting import IdentifiabilityError
 
@@ -143,7 +151,7 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, d
             keep = runs.n_params != s
             try:
                 folds[s] = loss_law_fold(runs, keep, family, chains=chains, warmup=warmup, draws=draws, seed=seed,
-                                         starts_every=starts_every)
+                                         starts_every=starts_every, run_effects=run_effects)
             except IdentifiabilityError as err:
                 log(f"  {name}: size {s:.6g} held out: {err.problem}; family skipped")
                 folds = None
@@ -209,6 +217,8 @@ def parse_args(argv):
     p.add_argument("--draws", type=int, default=300)
     p.add_argument("--starts", type=int, default=1, metavar="K", help="every K-th start of each family's grid (1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-effects", choices=("auto", "on", "off"), default="auto",
+                   help="per-run random effects in the loss law (auto: when a run has rows at two budgets)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -238,17 +248,22 @@ def _run(args, argv) -> int:
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from sdsl_jax.pipeline import has_repeated_runs
+
+    run_effects = {"auto": has_repeated_runs(runs), "on": True, "off": False}[args.run_effects]
     with log.heartbeat(8.0):
-        log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}" + (f", acceptance {models}" if pairs else ""))
+        log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}, run effects {'on' if run_effects else 'off'}" + (f", acceptance {models}" if pairs else ""))
         record = run_holdout(runs, pairs, laws=laws, acceptance_models=models if pairs else [], chains=args.chains,
-                             warmup=args.warmup, draws=args.draws, seed=args.seed, starts_every=args.starts, log=log)
+                             warmup=args.warmup, draws=args.draws, seed=args.seed, starts_every=args.starts,
+                             run_effects=run_effects, log=log)
     out = args.out or os.path.join(args.data, "holdout")
     os.makedirs(out, exist_ok=True)
     record.update(command="python -m experiments.holdout " + " ".join(argv),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
                   versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()
                                              if os.path.exists(v)},
-                  settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts))
+                  settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts,
+                                run_effects=run_effects))
     table = markdown(record)
     print(table)
     write_text(os.path.join(out, "holdout.md"), table)

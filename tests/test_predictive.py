@@ -107,3 +107,38 @@ def test_identification_flags_what_the_data_leave_to_the_prior():
     # The N exponent left to its prior (the ladder's case): flagged by name.
     loose = dict(tight, alpha=as_prior["alpha"])
     assert any(f.startswith("alpha: weakly identified") for f in bayes.identification(loose, CHINCHILLA).flags)
+
+
+def _records():
+    return [dict(target="T", m_target=M, d_target=D_TARGET, drafts=["a", "b", "c"], n_drafts=N.tolist(),
+                 d_drafts=D.tolist(), measured_tokens_per_flop=[1.0, 2.0, 1.5], measured_best="b")]
+
+
+def test_prospective_ranking_with_one_shared_fit_is_the_in_sample_ranking():
+    from experiments.closure import add_prospective
+
+    draws = _draws(500)
+    scales = pipeline.PredictiveScales(np.full(500, 0.03), np.full(500, 8.0), np.full(500, 0.01))
+    fits = {float(n): (_point(), draws, scales) for n in N}
+    records = _records()
+    add_prospective(records, fits, seed=4)
+    in_sample = pipeline.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
+                                     scales=scales, seed=4)
+    np.testing.assert_allclose(records[0]["prospective_p_best"], in_sample.p_best)
+    best = records[0]["prospective_best"]
+    assert best == ["a", "b", "c"][in_sample.best]
+    assert records[0]["prospective_regret"] == pytest.approx(1 - [1.0, 2.0, 1.5][in_sample.best] / 2.0)
+
+
+def test_prospective_ranking_takes_each_candidate_from_the_fit_that_left_it_out():
+    from experiments.closure import add_prospective
+
+    draws = _draws(300)
+    # The fit without "b" believes in a plane where acceptance is 0.2 lower: "b" can no longer win.
+    worse = (draws[0], type(SDSL2026)(draws[1].A, draws[1].B, draws[1].C - 0.2))
+    fits = {float(N[0]): (_point(), draws, None), float(N[1]): (_point(), worse, None),
+            float(N[2]): (_point(), draws, None)}
+    records = _records()
+    add_prospective(records, fits)
+    assert records[0]["prospective_p_best"][1] == 0.0
+    assert np.isclose(sum(records[0]["prospective_p_best"]), 1.0)
