@@ -12,7 +12,8 @@ Sections:
   fit         the loss-law fit from the Epoch replication's 4,500 starts (vectorised optax L-BFGS)
               against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
               subset of the same starts: time per start and both optima.
-  calibration coverage of 90% posterior intervals over synthetic datasets (plane, loss law).
+  calibration coverage of 90% posterior intervals over synthetic datasets (plane, loss law), and of
+              90% N* bands on synthetic ladders with per-run effects (mean-curve and predictive).
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
 
@@ -166,7 +167,7 @@ def bench_loss_law_fit(scipy_starts: int, repeats: int) -> list[dict]:
 
 
 def bench_calibration(datasets: int) -> list[dict]:
-    from experiments.calibration import loss_law_coverage, plane_coverage
+    from experiments.calibration import loss_law_coverage, n_star_coverage, plane_coverage
 
     rows = []
     for name, fn in (("plane", plane_coverage), ("loss law", loss_law_coverage)):
@@ -178,6 +179,12 @@ def bench_calibration(datasets: int) -> list[dict]:
               + f"; pooled {pooled:.3f} over {k} intervals (s.e. {np.sqrt(0.09 / k):.3f}) "
               f"[{time.perf_counter() - start:.0f} s]", flush=True)
         rows.append(dict(name=f"calibration {name}", datasets=datasets, coverage=cov, pooled=pooled))
+    start = time.perf_counter()
+    cov = n_star_coverage(datasets)
+    print("calibration N* with run effects: 90% band coverage " + ", ".join(f"{p} {c:.2f}" for p, c in cov.items())
+          + f" over {datasets} datasets (s.e. {np.sqrt(0.09 / datasets):.3f}) [{time.perf_counter() - start:.0f} s]",
+          flush=True)
+    rows.append(dict(name="calibration n_star run effects", datasets=datasets, coverage=cov))
     return rows
 
 

@@ -39,6 +39,7 @@ def micro_ladder(tmp_path_factory):
     return ladder_dir, measure_dir
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (`make test` runs two workers), every test of the session-scoped micro
     # ladder goes to one worker (--dist loadgroup), so the ladder is trained once, not per worker.
