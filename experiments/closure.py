@@ -71,6 +71,7 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
         best_runs = [max(by_draft[dr], key=lambda i: spec.tokens_per_flop_sdsl[i]) for dr in drafts]  # best gamma
         measured_t = np.array([spec.tokens_per_flop_sdsl[i] for i in best_runs])
         measured_alpha = np.array([np.mean([spec.alpha_mle[i] for i in by_draft[dr]]) for dr in drafts])
+        measured_best_freq = measured_best_bootstrap(spec, by_draft, drafts, seed=seed)
         ranking = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws,
                                        scales=scales, seed=seed)
         pred_idx = ranking.best
@@ -97,6 +98,8 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             # What following the law costs: measured T of the predicted-best draft over the best measured T.
             measured_fraction_of_best=(float(measured_t[pred_idx] / measured_t.max()) if pred_idx is not None
                                        else float("nan")),
+            # The measured side's own uncertainty: P(best) over prompts resampled (None without per-prompt counts).
+            measured_best_bootstrap=None if measured_best_freq is None else measured_best_freq.tolist(),
         )
         if perplexities is not None:
             alpha_plane = plane.rate(np.array([perplexities[dr] for dr in drafts]), perplexities[target])
@@ -194,6 +197,35 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
                  prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()))
 
 
+def measured_best_bootstrap(speculative: SpeculativeRuns, rows_by_draft: dict[str, list[int]], drafts: list[str],
+                            *, replicates: int = 2000, seed: int = 0) -> np.ndarray | None:
+    """How often each draft measures best when the prompts are resampled (a paired bootstrap).
+
+    Every (draft, gamma) run of a target decoded the same prompts, so one resample of prompt
+    indices is applied to all of them; each draft's T is its best gamma's tokens per FLOP
+    (SDSL cost) on the resampled prompts. None when the file has no per-prompt counts.
+    """
+    per_prompt = {i: speculative.per_prompt(i) for rows in rows_by_draft.values() for i in rows}
+    if any(v is None for v in per_prompt.values()):
+        return None
+    prompts = {v[0].size for v in per_prompt.values()}
+    if len(prompts) != 1:
+        return None  # runs over different prompt sets cannot be paired
+    num_prompts = prompts.pop()
+    picks = np.random.default_rng(seed).integers(0, num_prompts, size=(replicates, num_prompts))
+    best_t = np.full((replicates, len(drafts)), -np.inf)
+    for j, draft in enumerate(drafts):
+        for i in rows_by_draft[draft]:
+            its, acc = per_prompt[i]
+            iterations, accepted = its[picks].sum(1), acc[picks].sum(1)
+            cost = (SDSL_FLOPS.draft_step(float(speculative.n_draft[i])) * float(speculative.gamma[i])
+                    + SDSL_FLOPS.verification(float(speculative.n_target[i]), float(speculative.gamma[i]) + 1))
+            t = (accepted + iterations) / (iterations * cost)
+            best_t[:, j] = np.maximum(best_t[:, j], t)
+    winners = np.argmax(best_t, axis=1)
+    return np.bincount(winners, minlength=len(drafts)) / replicates
+
+
 def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
     """P(best) scored as a forecast of the measured-best draft, against the uniform guess.
 
@@ -217,7 +249,14 @@ def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
         uniform_log += float(np.log(1 / k))
         uniform_brier += float(np.sum((1 / k - hit) ** 2))
     t = len(records)
-    return dict(log_score=log_score, uniform_log_score=uniform_log, brier=brier / t, uniform_brier=uniform_brier / t,
+    extra = {}
+    if all(r.get("measured_best_bootstrap") is not None for r in records):
+        # The measured best is itself uncertain (prompts resampled): the log score expected over it.
+        extra["log_score_over_measured_uncertainty"] = float(sum(
+            np.dot(r["measured_best_bootstrap"], np.log(np.maximum(np.asarray(r[key], np.float64), 1e-3)))
+            for r in records))
+    return dict(**extra, log_score=log_score, uniform_log_score=uniform_log, brier=brier / t,
+                uniform_brier=uniform_brier / t,
                 measured_best_in_90_credible_set=in_set, targets=t,
                 measured_best_probabilities=[float(np.asarray(r[key])[r["drafts"].index(r["measured_best"])])
                                              for r in records])

@@ -75,6 +75,10 @@ Speculative-decoding runs, ``sdsl-speculative v1`` (one row per (target, draft, 
   target_alone_tokens_per_second      no        the target alone, > 0
   wallclock_speedup                   no        tokens_per_second / target_alone_tokens_per_second, > 0
   repeats                             no        timed repeats, integer >= 1
+  iterations_per_prompt               no        iterations of each prompt, ';'-separated (the same
+                                                  prompts, in one order, for every row of a target:
+                                                  a paired bootstrap over prompts needs them)
+  accepted_per_prompt                 no        accepted draft tokens of each prompt, ';'-separated
   ==================================  ========  ===============================================
 
 Per-call latencies, ``sdsl-latency v1`` (written by ``experiments.latency``; one row per model,
@@ -231,6 +235,8 @@ SPECULATIVE_SCHEMA = (
     _col("target_alone_tokens_per_second", "float", False, _POSITIVE),
     _col("wallclock_speedup", "float", False, _POSITIVE),
     _col("repeats", "int", False, _AT_LEAST_ONE),
+    _col("iterations_per_prompt", "str", False),
+    _col("accepted_per_prompt", "str", False),
 )
 
 
@@ -401,9 +407,24 @@ class SpeculativeRuns:
     wallclock_speedup: np.ndarray
     repeats: np.ndarray
     path: str | None = None
+    iterations_per_prompt: tuple[str | None, ...] = None
+    accepted_per_prompt: tuple[str | None, ...] = None
+
+    def __post_init__(self):
+        for name in ("iterations_per_prompt", "accepted_per_prompt"):
+            if getattr(self, name) is None:  # files and callers from before these columns
+                object.__setattr__(self, name, (None,) * len(self.gamma))
 
     def __len__(self) -> int:
         return len(self.gamma)
+
+    def per_prompt(self, row: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(iterations, accepted)`` per prompt of ``row``, or None where the file does not record them."""
+        its, acc = self.iterations_per_prompt[row], self.accepted_per_prompt[row]
+        if its is None or acc is None:
+            return None
+        return (np.array([int(v) for v in its.split(";")], np.int64),
+                np.array([int(v) for v in acc.split(";")], np.int64))
 
     def select(self, mask: np.ndarray) -> "SpeculativeRuns":
         return _select(self, mask)
@@ -572,8 +593,40 @@ def _alpha_from_engine_columns(path: str, c: dict[str, Any]) -> np.ndarray:
 
 
 def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:
-    """Load and validate speculative-decoding runs; raises :class:`DataError`."""
-    return SpeculativeRuns(**_to_arrays(_load(path, SPECULATIVE_SCHEMA), SPECULATIVE_SCHEMA), path=os.fspath(path))
+    """Load and validate speculative-decoding runs; raises :class:`DataError`.
+
+    Per-prompt counts, where given, must be given together, one integer per prompt, and add up to
+    the row's ``iterations`` and ``accepted``.
+    """
+    path = os.fspath(path)
+    runs = SpeculativeRuns(**_to_arrays(_load(path, SPECULATIVE_SCHEMA), SPECULATIVE_SCHEMA), path=path)
+    for i in range(len(runs)):
+        line = i + 2
+        given = [runs.iterations_per_prompt[i] is not None, runs.accepted_per_prompt[i] is not None]
+        if given[0] != given[1]:
+            missing = "accepted_per_prompt" if given[0] else "iterations_per_prompt"
+            raise DataError(path, line, missing, "is empty while the other per-prompt column is given")
+        if not given[0]:
+            continue
+        counts = {}
+        for name in ("iterations_per_prompt", "accepted_per_prompt"):
+            try:
+                counts[name] = [int(v) for v in getattr(runs, name)[i].split(";")]
+            except ValueError:
+                raise DataError(path, line, name, f"{getattr(runs, name)[i]!r} is not ';'-separated integers") from None
+            if min(counts[name]) < 0:
+                raise DataError(path, line, name, "has a negative count")
+        its, acc = counts["iterations_per_prompt"], counts["accepted_per_prompt"]
+        if len(its) != len(acc):
+            raise DataError(path, line, "accepted_per_prompt", f"has {len(acc)} prompts, iterations_per_prompt {len(its)}")
+        if np.isfinite(runs.prompts[i]) and len(its) != runs.prompts[i]:
+            raise DataError(path, line, "iterations_per_prompt", f"has {len(its)} prompts, the row says {runs.prompts[i]:g}")
+        for name, values, total in (("iterations_per_prompt", its, runs.iterations[i]),
+                                    ("accepted_per_prompt", acc, runs.accepted[i])):
+            if sum(values) != total:
+                column = name.replace("_per_prompt", "")
+                raise DataError(path, line, name, f"adds up to {sum(values)}, not to {column} = {total:g}")
+    return runs
 
 
 def load_latency(path: str | os.PathLike) -> LatencyMeasurements:

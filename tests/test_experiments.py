@@ -158,6 +158,12 @@ def test_speculative_statistics_are_consistent(micro_ladder):
         assert 0 < float(r["tokens_per_flop_xla"]) < float(r["tokens_per_flop_sdsl"])
         assert float(r["tokens_per_second"]) > 0 and float(r["target_alone_tokens_per_second"]) > 0
         assert int(r["repeats"]) == measure.SPECULATIVE_DEFAULTS["micro"]["repeats"]
+        # Per-prompt counts (for the bootstrap over prompts) add up to the row's totals.
+        its = [int(v) for v in r["iterations_per_prompt"].split(";")]
+        acc = [int(v) for v in r["accepted_per_prompt"].split(";")]
+        assert len(its) == len(acc) == int(r["prompts"]) and sum(its) == iters and sum(acc) == int(r["accepted"])
+    assert all(run is not None for run in map(load_speculative(measure_dir / "speculative.csv").per_prompt,
+                                              range(len(rows))))
 
 
 def test_measure_resumes_without_rerunning_speculative_configurations(micro_ladder, tmp_path, monkeypatch):
@@ -198,6 +204,24 @@ def test_closure_compares_predicted_and_measured_best_drafts(micro_ladder, tmp_p
         assert measured[rec["drafts"].index(rec["measured_best"])] == measured.max()
     assert (tmp_path / "closure.png").stat().st_size > 0
     assert "| target" in (tmp_path / "closure.md").read_text()
+
+
+def test_prospective_closure_refits_without_each_drafts_size(micro_ladder, tmp_path):
+    _, measure_dir = micro_ladder
+    assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
+                         "--posterior", "--prospective", "--chains", "1", "--warmup", "40", "--draws", "40",
+                         "--propagate", "40", "--no-figure"]) == 0
+    result = json.loads((tmp_path / "closure.json").read_text())
+    scores = result["forecast_scores"]
+    assert {"predictive", "mean_only", "prospective"} <= scores.keys()
+    assert len(scores["prospective"]["regret"]) == len(result["targets"])
+    for rec in result["targets"]:
+        assert np.isclose(sum(rec["prospective_p_best"]), 1.0)
+        assert rec["prospective_best"] in rec["drafts"] and 0 <= rec["prospective_regret"] < 1
+        assert not rec["n_star_band"][0] > rec["n_star_band"][2]  # NaN where every draw failed
+        assert np.isclose(sum(rec["measured_best_bootstrap"]), 1.0)  # the micro ladder records per-prompt counts
+    assert "log_score_over_measured_uncertainty" in scores["prospective"]
+    assert "Prospective" in (tmp_path / "closure.md").read_text()
 
 
 def test_closure_reports_missing_data(tmp_path, capsys):

@@ -142,3 +142,32 @@ def test_prospective_ranking_takes_each_candidate_from_the_fit_that_left_it_out(
     add_prospective(records, fits)
     assert records[0]["prospective_p_best"][1] == 0.0
     assert np.isclose(sum(records[0]["prospective_p_best"]), 1.0)
+
+
+def test_measured_best_bootstrap_resamples_prompts_jointly(tmp_path):
+    from experiments.closure import measured_best_bootstrap
+    from sdsl_jax.data import load_speculative
+
+    header = ("target,draft,n_target,n_draft,d_target,d_draft,gamma,prompts,iterations,accepted,alpha_mle,"
+              "tokens_per_flop_sdsl,iterations_per_prompt,accepted_per_prompt")
+    # Draft a is far better on every prompt; b and c tie on average but each wins on other prompts.
+    rows = ["T,a,1e6,1e4,1e8,1e7,2,3,30,50,0.6,1e-6,10;10;10,20;15;15",
+            "T,b,1e6,2e4,1e8,1e7,2,3,30,10,0.3,1e-6,10;10;10,10;0;0",
+            "T,c,1e6,2e4,1e8,1e7,2,3,30,10,0.3,1e-6,10;10;10,0;10;0"]
+    path = tmp_path / "spec.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    spec = load_speculative(path)
+    freq = measured_best_bootstrap(spec, {"a": [0], "b": [1], "c": [2]}, ["a", "b", "c"], replicates=500)
+    np.testing.assert_allclose(freq, [1.0, 0.0, 0.0])
+    freq = measured_best_bootstrap(spec, {"b": [1], "c": [2]}, ["b", "c"], replicates=20000, seed=1)
+    # Oracle by enumeration of the 27 resamples: b wins (ties go to the first) when it draws prompt 0
+    # at least as often as prompt 1.
+    import itertools
+
+    draws = list(itertools.product(range(3), repeat=3))
+    p_b = np.mean([d.count(0) >= d.count(1) for d in draws])
+    assert abs(freq[0] - p_b) < 0.02 and np.isclose(freq.sum(), 1.0)
+    # Per-prompt counts that do not add up to the row's totals are refused, naming the column.
+    path.write_text(header + "\n" + rows[0].replace("20;15;15", "20;15;14") + "\n")
+    with pytest.raises(Exception, match="accepted_per_prompt.*adds up to 49"):
+        load_speculative(path)
