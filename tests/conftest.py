@@ -29,20 +29,26 @@ def maybe_jit(request):
 
 @pytest.fixture(scope="session")
 def micro_ladder(tmp_path_factory):
-    """The micro ladder trained and measured once per session: ``(ladder_dir, measure_dir)``."""
+    """The micro ladder trained and measured once per test run: ``(ladder_dir, measure_dir)``.
+
+    Under pytest-xdist every worker is its own session; the ladder is built once in the folder the
+    workers share (the parent of their base temporary folders), under a file lock: the first worker
+    trains it, the others wait and reuse it.
+    """
+    import fcntl
+
     from experiments import ladder, measure
 
-    root = tmp_path_factory.mktemp("micro_ladder")
+    worker_root = tmp_path_factory.getbasetemp()
+    shared = worker_root.parent if os.environ.get("PYTEST_XDIST_WORKER") else worker_root
+    root = shared / "micro_ladder"
     ladder_dir, measure_dir = root / "ladder", root / "measure"
-    assert ladder.main(["--preset", "micro", "--out", str(ladder_dir), "--quiet"]) == 0
-    assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(measure_dir), "--quiet"]) == 0
+    root.mkdir(exist_ok=True)
+    with open(shared / "micro_ladder.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").exists():
+            assert ladder.main(["--preset", "micro", "--out", str(ladder_dir), "--quiet"]) == 0
+            assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(measure_dir),
+                                 "--quiet"]) == 0
+            (root / "done").write_text("ok")
     return ladder_dir, measure_dir
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (`make test` runs two workers), every test of the session-scoped micro
-    # ladder goes to one worker (--dist loadgroup), so the ladder is trained once, not per worker.
-    for item in items:
-        if "micro_ladder" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("micro_ladder"))
