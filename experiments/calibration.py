@@ -93,6 +93,25 @@ def synthetic_ladder(rng: np.random.Generator, *, sizes=(2e7, 5e7, 1.2e8, 3e8, 7
     return n, d, np.exp(mean + noise), run, centre
 
 
+def _release_compiled_code() -> None:
+    """Drop every compiled program so that its machine code is freed.
+
+    NumPyro compiles its sampling loop again for every run of a cached MCMC here (about 5 s and a
+    few MB of machine code per dataset); after ~90 datasets LLVM runs out of code memory ("Unable
+    to allocate section memory"). Clearing the caches every 20 datasets costs one recompilation.
+    """
+    import gc
+
+    import numpyro.util
+
+    from sdsl_jax import bayes
+
+    bayes._mcmc.cache_clear()
+    getattr(numpyro.util.fori_collect, "_cache", {}).clear()
+    jax.clear_caches()
+    gc.collect()
+
+
 def n_star_coverage(num_datasets: int, *, m_target: float = 3e10, d_target: float = 6e11, d_draft: float = 2e10,
                     num_warmup: int = 300, num_samples: int = 300, seed: int = 0, level: float = 0.9,
                     log=None, return_intervals: bool = False):
@@ -118,6 +137,8 @@ def n_star_coverage(num_datasets: int, *, m_target: float = 3e10, d_target: floa
     widths = {k: [] for k in hits}
     intervals = {k: [] for k in hits}  # (lo, hi, truth) per dataset, for the figure
     for i in range(num_datasets):
+        if i and i % 20 == 0:
+            _release_compiled_code()
         n, d, loss, run, centre = synthetic_ladder(rng)
         fit = sample_loss_law(n, d, loss, init=TRUE_LAW, run=run, num_chains=1, num_warmup=num_warmup,
                               num_samples=num_samples, seed=seed + i, progress_bar=False, summarize=False)
@@ -187,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in [(n, f) for n, f in studies if args.only in (None, n)]:
         start = time.perf_counter()
         if name == "n-star":
-            cov, intervals = fn(args.datasets, seed=args.seed, return_intervals=True)
+            cov, intervals = fn(args.datasets, seed=args.seed, return_intervals=True,
+                                log=lambda line: print(line, flush=True))
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 coverage_figure(intervals, os.path.join(args.out, "n_star_coverage.png"))

@@ -409,12 +409,21 @@ def _close(args, argv) -> int:
             f"{post.diagnostics['plane'].max_rhat:.3f}")
     records = close_loop(speculative, point, draws=draws, scales=scales, perplexities=measured_perplexities(pairs),
                          seed=args.seed)
+    prospective_skipped = None
     if args.prospective and draws is not None:
         sizes = sorted({float(v) for v in speculative.n_draft})
-        fits = leave_size_out_fits(runs, pairs, sizes, family=family, model=model, starts_every=args.starts,
-                                   chains=args.chains, warmup=args.warmup, draws=args.draws, propagate=args.propagate,
-                                   seed=args.seed, log=log)
-        add_prospective(records, fits, seed=args.seed)
+        try:
+            fits = leave_size_out_fits(runs, pairs, sizes, family=family, model=model, starts_every=args.starts,
+                                       chains=args.chains, warmup=args.warmup, draws=args.draws,
+                                       propagate=args.propagate, seed=args.seed, log=log)
+        except DataError as err:  # too few sizes: without one of them the rest cannot identify the law
+            prospective_skipped = f"without one draft size the data cannot identify the models: {err.problem}"
+            log(f"prospective: skipped ({prospective_skipped})")
+        else:
+            add_prospective(records, fits, seed=args.seed)
+    elif args.prospective:
+        prospective_skipped = "needs --posterior"
+        log("prospective: skipped (it compares posterior forecasts: add --posterior)")
     table = markdown_table(records)
     scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
                                                                ("mean_only", "p_best_mean_only"),
@@ -452,6 +461,7 @@ def _close(args, argv) -> int:
         loss_law={k: float(v) for k, v in law._asdict().items()},
         plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=diagnostics, forecast_scores=scores if draws is not None else None,
+        prospective_skipped=prospective_skipped,
         bands="posterior-predictive (residuals of log loss and alpha drawn per candidate)"
         if draws is not None and scales is not None else ("law mean and plane only" if draws is not None else None),
         targets=records))

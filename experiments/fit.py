@@ -462,7 +462,8 @@ def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cos
                 acceptance_model=acceptance_model, cost=cost, posterior=True, num_chains=args.chains,
                 num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, stages=stages,
                 predictive=not args.mean_only, run_effects=run_effects, log=lambda _: None)
-    weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()})
+    weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()},
+                                        families={k: r.point.family for k, r in results.items()})
     for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
                                     weights.pareto_k_max):
         log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}")

@@ -85,15 +85,15 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     import jax
 
     ln, ld = np.log(test.n_params), np.log(test.n_tokens)
-    mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out runs)
-    mean = mean + bayes.new_run_effect(post.samples, ld, centre_log_d=float(post.samples.get("centre_log_d", 0.0)),
-                                       seed=seed + 1)
+    law_mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out runs)
+    mean = law_mean + bayes.new_run_effect(post.samples, ld,
+                                           centre_log_d=float(post.samples.get("centre_log_d", 0.0)), seed=seed + 1)
     y = np.log(test.loss)
     log_density = _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0)
     rng = np.random.default_rng(seed)
     predictive = mean + sigma[:, None] * rng.standard_t(nu[:, None], mean.shape)
     lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
-    lo_mean, hi_mean = np.quantile(mean, [0.05, 0.95], axis=0)
+    lo_mean, hi_mean = np.quantile(law_mean, [0.05, 0.95], axis=0)  # the law's mean curve alone
     point_pred = np.asarray(family.log_prediction(point.theta, np.log(test.n_params), np.log(test.n_tokens)))
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
                 error=point_pred - y)

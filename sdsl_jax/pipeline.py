@@ -593,7 +593,8 @@ class FormWeights(NamedTuple):
     method: str
 
 
-def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior]) -> FormWeights:
+def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior], *,
+                     families: dict[str, LossLawFamily] | None = None) -> FormWeights:
     """Stacking weights over loss-law forms from their posteriors, by ArviZ's ``az.compare``.
 
     ArviZ does the work (PSIS-LOO per form, then the stacking optimisation over the pointwise
@@ -602,13 +603,18 @@ def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior]) ->
     has not seen needs leave-one-size-out, which PSIS cannot approximate (a whole group's
     weight is too large for importance sampling): ``experiments.holdout`` does that fold loop
     and its grouped stacking weights are the ones to trust for extrapolation.
+
+    ``families`` maps each name to its family (default: the shipped ``FAMILIES`` by name).
     """
+    from sdsl_jax.loss_laws import FAMILIES
+
+    families = FAMILIES if families is None else families
     idata = {}
     k_max = {}
     for name, post in posteriors.items():
         samples = post.law_run.samples
         run = runs.run_index()[0] if "run_sd" in samples else None
-        ll = bayes.pointwise_log_likelihood(samples, _family(name), runs.n_params, runs.n_tokens, runs.loss, run=run)
+        ll = bayes.pointwise_log_likelihood(samples, families[name], runs.n_params, runs.n_tokens, runs.loss, run=run)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             idata[name] = bayes.az.from_dict(posterior={"sigma": np.asarray(samples["sigma"])[None]},
@@ -624,12 +630,6 @@ def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior]) ->
                        np.array([k_max[n] for n in names]),
                        "Bayesian stacking of PSIS-LOO predictive densities (az.compare, method='stacking'); rows left "
                        "out one at a time")
-
-
-def _family(name: str) -> LossLawFamily:
-    from sdsl_jax.loss_laws import FAMILIES
-
-    return FAMILIES[name]
 
 
 def mixture_bands(results: dict[str, PipelineResult], weights: FormWeights, *, m_grid: np.ndarray,
@@ -650,9 +650,11 @@ def mixture_bands(results: dict[str, PipelineResult], weights: FormWeights, *, m
         if count == 0:
             continue
         res = results[name]
-        laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:count], x) for x in res.draws)
+        # A random subset (the draws are stored chain after chain).
+        idx = np.random.default_rng(seed).choice(total, size=count, replace=False)
+        laws, planes = (jax.tree.map(lambda v: np.asarray(v)[idx] if np.ndim(v) else v, x) for x in res.draws)
         if res.posterior is not None and res.scales is not None:
-            scales = PredictiveScales(*(np.asarray(v)[:count] if isinstance(v, np.ndarray) else v
+            scales = PredictiveScales(*(np.asarray(v)[idx] if isinstance(v, np.ndarray) else v
                                         for v in res.scales))
             n_ref = _geometric_mean(res.prediction.named.n_star)
             d_ref = float(np.asarray(recipe.draft_tokens(n_ref if np.isfinite(n_ref) else np.median(m_all))))

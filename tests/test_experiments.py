@@ -206,22 +206,22 @@ def test_closure_compares_predicted_and_measured_best_drafts(micro_ladder, tmp_p
     assert "| target" in (tmp_path / "closure.md").read_text()
 
 
-def test_prospective_closure_refits_without_each_drafts_size(micro_ladder, tmp_path):
+def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path):
+    """Predictive P(best), its scores, the bootstrap over prompts; the prospective refits need more
+    sizes than the micro ladder's three (without one, 4 runs cannot identify 5 coefficients), and
+    the closure says so instead of failing."""
     _, measure_dir = micro_ladder
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
                          "--posterior", "--prospective", "--chains", "1", "--warmup", "40", "--draws", "40",
                          "--propagate", "40", "--no-figure"]) == 0
     result = json.loads((tmp_path / "closure.json").read_text())
-    scores = result["forecast_scores"]
-    assert {"predictive", "mean_only", "prospective"} <= scores.keys()
-    assert len(scores["prospective"]["regret"]) == len(result["targets"])
+    assert {"predictive", "mean_only"} <= result["forecast_scores"].keys()
+    assert "cannot identify" in result["prospective_skipped"]
+    assert "log_score_over_measured_uncertainty" in result["forecast_scores"]["predictive"]
     for rec in result["targets"]:
-        assert np.isclose(sum(rec["prospective_p_best"]), 1.0)
-        assert rec["prospective_best"] in rec["drafts"] and 0 <= rec["prospective_regret"] < 1
-        assert not rec["n_star_band"][0] > rec["n_star_band"][2]  # NaN where every draw failed
+        assert np.isclose(sum(rec["p_best"]), 1.0)
         assert np.isclose(sum(rec["measured_best_bootstrap"]), 1.0)  # the micro ladder records per-prompt counts
-    assert "log_score_over_measured_uncertainty" in scores["prospective"]
-    assert "Prospective" in (tmp_path / "closure.md").read_text()
+        assert not rec["n_star_band"][0] > rec["n_star_band"][2]  # NaN where every draw failed
 
 
 def test_closure_reports_missing_data(tmp_path, capsys):

@@ -123,13 +123,13 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     """`--stack FORMS`: the forms fitted, weighted by stacking, the bands of the mixture;
     the ladder's sizes are runs with four budgets each, so the posterior has per-run effects."""
     out = tmp_path / "out"
-    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,data", "--chains", "1", "--warmup", "60",
+    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--warmup", "60",
                          "--draws", "60", "--starts", "20", "--num-targets", "3", "--out", str(out), "--quiet",
                          "--no-figures"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     stacking = summary["stacking"]
-    assert stacking["forms"] == ["chinchilla", "data"] and abs(sum(stacking["weights"]) - 1) < 1e-6
+    assert stacking["forms"] == ["chinchilla", "kaplan"] and abs(sum(stacking["weights"]) - 1) < 1e-6
     assert summary["settings"]["run_effects"] is True and summary["settings"]["bands"] == "posterior-predictive"
     assert {"sigma", "run_sd", "run_slope_sd", "alpha_sigma"} <= summary["posterior"]["residuals"].keys()
     for t in summary["targets"]:
