@@ -46,7 +46,7 @@ notebooks: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m experiments.ladder --preset real
 	$(PY) -m experiments.measure --preset real --out fits/ladder
-	$(PY) -m experiments.closure --data fits/ladder --posterior
+	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
