@@ -379,15 +379,14 @@ def sample_loss_law(
     centre = _unconstrained_centre(family.prior, dict(zip(family.theta_names, theta)))
     scale = max(np.median(np.abs(residual)) * 1.4826, 1e-4)
     centre.update(sigma=float(np.log(scale)), nu=float(np.log(5.0)))
-    if run is None:
-        model, args = loss_law_model_for(family), (log_n, log_d, log_loss)
-    else:
+    if run is not None:
         run = np.asarray(run)
         if run.shape != np.shape(loss) or not np.issubdtype(run.dtype, np.integer) or run.min(initial=0) < 0:
             raise ValueError("run must hold one non-negative integer per row (PretrainingRuns.run_index())")
+    model, args = _loss_law_model(family, log_n, log_d, run)
+    args = (*args, log_loss)
+    if run is not None:
         count = int(run.max(initial=-1)) + 1
-        model = run_effects_model_for(family)
-        args = (log_n, log_d, jnp.asarray(run), jnp.zeros(count), log_loss)
         centre.update(sigma=float(np.log(scale / np.sqrt(2))), run_sd=float(np.log(scale / np.sqrt(2))),
                       run_slope_sd=float(np.log(0.01)))
         # The per-run z start at zero (NumPyro's uniform init would scatter them over [-2, 2]).
@@ -402,6 +401,14 @@ def sample_loss_law(
     return out
 
 
+def _loss_law_model(family: LossLawFamily, log_n, log_d, run) -> tuple[Callable, tuple]:
+    """The loss law's NumPyro model and its arguments before ``log_loss``: i.i.d. rows, or per-run effects."""
+    if run is None:
+        return loss_law_model_for(family), (log_n, log_d)
+    run = np.asarray(run)
+    return run_effects_model_for(family), (log_n, log_d, jnp.asarray(run), jnp.zeros(int(run.max(initial=-1)) + 1))
+
+
 def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFamily, n_params: ArrayLike,
                              n_tokens: ArrayLike, loss: ArrayLike, *, run: ArrayLike | None = None) -> np.ndarray:
     """log p(log L_i | draw) for every posterior draw and row, shape ``(draws, rows)``.
@@ -410,11 +417,7 @@ def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFami
     given, each row then conditioned on its run's own effects). Input of PSIS-LOO and stacking.
     """
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    if run is None:
-        model, args = loss_law_model_for(family), (log_n, log_d)
-    else:
-        run = jnp.asarray(run)
-        model, args = run_effects_model_for(family), (log_n, log_d, run, jnp.zeros(int(run.max()) + 1))
+    model, args = _loss_law_model(family, log_n, log_d, run)
     sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items() if k != "centre_log_d"}
     with jax.numpy_dtype_promotion("standard"):
         ll = numpyro.infer.log_likelihood(model, sites, *args, log_loss=log_loss)["log_loss"]

@@ -447,11 +447,13 @@ def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 
     return laws, planes
 
 
-def _geometric_mean(values) -> float:
-    """Geometric mean of the finite values (NaN when there is none)."""
-    v = np.asarray(values, np.float64)
+def _draft_budget_near(n_star, recipe, fallback_n: float) -> float:
+    """The recipe's draft budget at the geometric mean of the finite N* (``fallback_n`` when none is):
+    where predictive draft offsets are drawn (a run's slope effect depends on log D)."""
+    v = np.asarray(n_star, np.float64)
     v = v[np.isfinite(v) & (v > 0)]
-    return float(np.exp(np.mean(np.log(v)))) if v.size else float("nan")
+    n_ref = float(np.exp(np.mean(np.log(v)))) if v.size else fallback_n
+    return float(np.asarray(recipe.draft_tokens(n_ref)))
 
 
 def predict_draft_size(
@@ -486,8 +488,7 @@ def predict_draft_size(
     if draws is not None:
         laws, planes = draws
         if scales is not None:
-            n_ref = _geometric_mean(both.n_star)  # the drafts' budget near N*
-            d_ref = float(np.asarray(recipe.draft_tokens(n_ref if np.isfinite(n_ref) else np.median(m_all))))
+            d_ref = _draft_budget_near(both.n_star, recipe, float(np.median(m_all)))
             planes = predictive_planes(planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
         n_star, gamma, thr = bayes.solve_draws(m_all, laws, planes, progress=progress, **kw)
         bands = bayes.summarize_draws(m_grid, n_star[:, :k], gamma[:, :k], thr[:, :k])
@@ -656,8 +657,7 @@ def mixture_bands(results: dict[str, PipelineResult], weights: FormWeights, *, m
         if res.posterior is not None and res.scales is not None:
             scales = PredictiveScales(*(np.asarray(v)[idx] if isinstance(v, np.ndarray) else v
                                         for v in res.scales))
-            n_ref = _geometric_mean(res.prediction.named.n_star)
-            d_ref = float(np.asarray(recipe.draft_tokens(n_ref if np.isfinite(n_ref) else np.median(m_all))))
+            d_ref = _draft_budget_near(res.prediction.named.n_star, recipe, float(np.median(m_all)))
             planes = predictive_planes(planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
         solved.append(bayes.solve_draws(m_all, laws, planes, d_target=d_target, recipe=recipe, cost=cost))
     n_star, gamma, thr = (np.concatenate([s[i] for s in solved]) for i in range(3))
