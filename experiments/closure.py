@@ -43,15 +43,41 @@ def measured_perplexities(pairs) -> dict[str, float]:
     return out
 
 
+def run_label_of(runs, n: float, d: float) -> str | None:
+    """The loss-law run of a model of size ``n`` trained on ``d`` tokens, if the data hold it:
+    the run of its own row, else the one run of its size (None when the size has none or several)."""
+    labels = runs.run_labels()
+    exact = [labels[i] for i in np.flatnonzero((runs.n_params == n) & (runs.n_tokens == d))]
+    same_size = {labels[i] for i in np.flatnonzero(runs.n_params == n)}
+    if exact:
+        return exact[0]
+    return same_size.pop() if len(same_size) == 1 else None
+
+
+def candidate_labels(runs, pairs, drafts, n, d, target: str, m: float, d_target: float):
+    """Who the candidates and the target are in ``runs`` and ``pairs``
+    (:class:`sdsl_jax.pipeline.CandidateLabels`): their runs and acceptance-model labels, None
+    where the data do not hold them (a new model)."""
+    from sdsl_jax import pipeline
+
+    return pipeline.CandidateLabels(
+        draft_runs=tuple(run_label_of(runs, float(a), float(b)) for a, b in zip(n, d)),
+        target_run=run_label_of(runs, m, d_target),
+        draft_models=tuple(dr if dr in set(pairs.draft) else None for dr in drafts),
+        target_model=target if target in set(pairs.target) else None)
+
+
 def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
-               perplexities: dict[str, float] | None = None, seed: int = 0) -> list[dict]:
+               perplexities: dict[str, float] | None = None, seed: int = 0, runs=None, pairs=None) -> list[dict]:
     """One record per target: predicted vs measured best draft, N*, alpha and T*.
 
     ``point`` is a :class:`sdsl_jax.pipeline.PointFit`; ``draws`` the paired posterior draws
     ``(laws, planes)`` (:func:`sdsl_jax.pipeline.paired_draws`). With ``perplexities`` (model name
     -> measured perplexity) also the acceptance-model-only prediction: T* from the acceptance model
     at the measured perplexities, bypassing L(N, D), which tells which link of the chain (loss law
-    or acceptance) a miss comes from.
+    or acceptance) a miss comes from. With ``runs`` and ``pairs`` (the data of the fit, whose
+    effects ``scales.known`` holds), each candidate and the target are predicted conditionally on
+    their own runs and pairs where the data hold them.
     """
     from sdsl_jax import bayes, pipeline
 
@@ -72,8 +98,9 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
         measured_t = np.array([spec.tokens_per_flop_sdsl[i] for i in best_runs])
         measured_alpha = np.array([np.mean([spec.alpha_mle[i] for i in by_draft[dr]]) for dr in drafts])
         measured_best_freq = measured_best_bootstrap(spec, by_draft, drafts, seed=seed)
+        labels = None if runs is None else candidate_labels(runs, pairs, drafts, n, d, target, m, d_prime)
         ranking = pipeline.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws,
-                                       scales=scales, seed=seed)
+                                       scales=scales, labels=labels, seed=seed)
         pred_idx = ranking.best
         best_measured = int(np.argmax(measured_t))
         fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
@@ -144,7 +171,7 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
     The size's pre-training runs leave the loss-law fit and every acceptance pair with a model of
     that size (as draft or as target) leaves the acceptance fit: the prediction for a draft of
     that size is then prospective, as for a draft not yet trained. Returns
-    ``{size: (point, draws, scales)}`` (:mod:`sdsl_jax.pipeline`).
+    ``{size: (point, draws, scales, (runs, pairs))}`` (:mod:`sdsl_jax.pipeline`; the data it was fitted to).
     """
     from sdsl_jax import pipeline
 
@@ -159,7 +186,8 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
         post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
                                          num_samples=draws, seed=seed, plane_seed=seed)
         out[float(size)] = (point, pipeline.paired_draws(post, count=propagate, seed=seed),
-                            pipeline.predictive_scales(post, count=propagate, seed=seed))
+                            pipeline.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
+                            (train, kept))
     return out
 
 
@@ -168,7 +196,8 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
 
     The draws of different candidates come from different fits, paired by index (the posteriors
     are independent); every fit draws its residuals from the same seed, so a draw's offsets are
-    aligned across candidates as in :func:`sdsl_jax.pipeline.rank_drafts`.
+    aligned across candidates as in :func:`sdsl_jax.pipeline.rank_drafts`. The candidate is a new
+    model to its fit; the target, whose runs and pairs that fit keeps, is conditioned on them.
     """
     from sdsl_jax import pipeline
     from sdsl_jax.objective import draft_throughput
@@ -177,9 +206,11 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
         n, d = np.asarray(r["n_drafts"]), np.asarray(r["d_drafts"])
         columns, point_t = [], []
         for j, size in enumerate(n):
-            point, draws, scales = fits[float(size)]
+            point, draws, scales, *data = fits[float(size)]  # data: (runs, pairs) of the fit, when known
+            labels = candidate_labels(*data[0], r["drafts"], n, d, r["target"], r["m_target"], r["d_target"]) \
+                if data else None
             t = pipeline.throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=r["m_target"],
-                                          d_target=r["d_target"], scales=scales, seed=seed)
+                                          d_target=r["d_target"], scales=scales, labels=labels, seed=seed)
             columns.append(t[:, j])
             point_t.append(float(draft_throughput(n[j], r["m_target"], d_draft=d[j], d_target=r["d_target"],
                                                   loss=point.law, plane=point.plane)))
@@ -404,11 +435,12 @@ def _close(args, argv) -> int:
                                          num_samples=args.draws, seed=args.seed, plane_seed=args.seed)
         diagnostics = {k: v._asdict() for k, v in post.diagnostics.items()}
         draws = pipeline.paired_draws(post, count=args.propagate, seed=args.seed)
-        scales = None if args.mean_only else pipeline.predictive_scales(post, count=args.propagate, seed=args.seed)
+        scales = None if args.mean_only else pipeline.predictive_scales(post, count=args.propagate, seed=args.seed,
+                                                                         runs=runs, acceptance=pairs)
         log(f"posteriors: loss law R-hat {post.diagnostics['loss_law'].max_rhat:.3f}, acceptance R-hat "
             f"{post.diagnostics['plane'].max_rhat:.3f}")
     records = close_loop(speculative, point, draws=draws, scales=scales, perplexities=measured_perplexities(pairs),
-                         seed=args.seed)
+                         seed=args.seed, runs=runs, pairs=pairs)
     prospective_skipped = None
     if args.prospective and draws is not None:
         sizes = sorted({float(v) for v in speculative.n_draft})

@@ -155,9 +155,11 @@ def parse_args(argv):
                         "residuals of a new draft series, a new target and a new pair (what a model you train will "
                         "show)")
     p.add_argument("--run-effects", choices=("auto", "on", "off"), default="auto",
-                   help="per-run random intercept and slope in log D in the loss law's posterior ('auto': when some "
-                        "run, the 'run' column or else the model size, has rows at two or more budgets D; off for the "
-                        "chinchilla dataset, whose rows are separate runs). Default: auto")
+                   help="grouped random effects in the posteriors: per run, an intercept and slope in log D in the "
+                        "loss law ('auto': when some run, the 'run' column or else the model size, has rows at two or "
+                        "more budgets D; off for the chinchilla dataset, whose rows are separate runs); per draft and "
+                        "per target model in the acceptance model ('auto': when some model is in two or more pairs). "
+                        "Default: auto"),
     p.add_argument("--m-min", type=float, help="smallest target size of the N*(M) grid (chinchilla: 1e10; "
                    "ladder: 5e4)")
     p.add_argument("--m-max", type=float, help="largest target size of the N*(M) grid (chinchilla: 1.1e11; "
@@ -277,12 +279,19 @@ def run(args) -> int:
     run_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:
         run_effects = False  # the dataset's rows are separate runs (datasets.py)
+    model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if args.posterior:
         uses_runs = pipeline.has_repeated_runs(runs) if run_effects is None else run_effects
         fingerprint.update(run_effects=uses_runs)
         log("posterior: " + ("per-run random effects in the loss law (rows of one run share an offset and a slope "
                              "in log D)" if uses_runs else "rows independent (no run with two budgets, or --run-effects "
                                                           "off)"))
+        if acceptance is not None:
+            model_effects = acceptance.has_repeated_models() if model_effects is None else model_effects
+            if model_effects:  # only then: earlier runs' stages stay valid
+                fingerprint.update(model_effects=True)
+            log("posterior: " + ("per-draft and per-target model effects in the acceptance model (pairs sharing a "
+                                 "model share its effect)" if model_effects else "acceptance pairs independent"))
     stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
@@ -293,13 +302,15 @@ def run(args) -> int:
             runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
             acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
             num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
-            predictive=not args.mean_only, run_effects=run_effects, progress_bar=False, fit_progress=progress,
+            predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects, progress_bar=False,
+            fit_progress=progress,
             log=log)
     stacking = None
     if args.stack:
         result, stacking = stack_forms(result, args, runs=runs, acceptance=acceptance, family=family,
                                        acceptance_model=acceptance_model, cost=cost, recipe=recipe, m_grid=m_grid,
-                                       named=named, fingerprint=fingerprint, run_effects=run_effects, log=log)
+                                       named=named, fingerprint=fingerprint, run_effects=run_effects,
+                                       model_effects=model_effects, log=log)
     point, post, pred = result.point, result.posterior, result.prediction
     grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
@@ -328,7 +339,9 @@ def run(args) -> int:
                       # NUTS settings only for a run that sampled (no posterior, no settings to record).
                       **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
                               bands="mean curve only" if args.mean_only else "posterior-predictive",
-                              run_effects="run_sd" in post.law_run.samples) if args.posterior else {})),
+                              run_effects="run_sd" in post.law_run.samples,
+                              model_effects=post.plane_run is not None and "draft_sd" in post.plane_run.samples)
+                           if args.posterior else {})),
         loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=family.name,
                       objective=point.objective, converged=point.converged,
                       not_unique=list(point.not_unique)),
@@ -385,10 +398,13 @@ def run(args) -> int:
             residuals=dict(
                 meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
                         "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
-                        "acceptance model's residual); the bands include them unless --mean-only",
+                        "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
+                        "effects); the bands include them unless --mean-only",
                 **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
                    for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
-                **({"alpha_sigma": interval(np.asarray(post.plane_run.samples["sigma"]).reshape(-1))}
+                **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
+                    np.asarray(post.plane_run.samples[k]).reshape(-1))
+                    for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
                    if post.plane_run is not None else {})),
             plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
             linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
@@ -432,7 +448,7 @@ def run(args) -> int:
 
 
 def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cost, recipe, m_grid, named, fingerprint,
-                run_effects, log):
+                run_effects, model_effects, log):
     """Fit every other identifiable form, weight all by stacking, put the mixture's bands in ``result``.
 
     Returns ``(result with the mixture's bands, summary entry)``; each form's stages and
@@ -461,7 +477,8 @@ def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cos
                 runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=other,
                 acceptance_model=acceptance_model, cost=cost, posterior=True, num_chains=args.chains,
                 num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, stages=stages,
-                predictive=not args.mean_only, run_effects=run_effects, log=lambda _: None)
+                predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
+                log=lambda _: None)
     weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()},
                                         families={k: r.point.family for k, r in results.items()})
     for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,

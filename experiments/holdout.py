@@ -99,22 +99,51 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
                 error=point_pred - y)
 
 
-def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed):
+def _model_effect(samples: dict, sd_key: str, z_key: str, train_labels, test_labels,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Each held-out pair's model effect per draw, shape ``(draws, pairs)``: a model in the
+    training pairs keeps its posterior effect; a new model draws one, shared by its pairs."""
+    sd = np.asarray(samples[sd_key]).reshape(-1)
+    z = np.asarray(samples[z_key]).reshape(sd.size, -1)
+    known = {label: i for i, label in enumerate(dict.fromkeys(train_labels))}
+    new = list(dict.fromkeys(label for label in test_labels if label not in known))
+    z_new = rng.standard_normal((sd.size, len(new)))
+    cols = [z[:, known[label]] if label in known else z_new[:, new.index(label)] for label in test_labels]
+    return sd[:, None] * np.stack(cols, axis=1)
+
+
+def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_effects=False):
+    """Fit ``model`` on ``pairs[keep]``; predictive log densities and bands for ``pairs[~keep]``.
+
+    With ``model_effects`` the acceptance model with a random effect per draft and per target model
+    (:func:`sdsl_jax.bayes.model_effects_plane_model_for`): a held-out pair's model that the
+    training pairs also hold keeps its posterior effect; the held-out size's models are new
+    and draw theirs (one per model, shared by its pairs; Monte Carlo over the draws).
+    """
     from sdsl_jax import bayes
 
     train, test = pairs.select(keep), pairs.select(~keep)
+    groups = {}
+    if model_effects:
+        draft, _, target, _ = train.model_index()
+        groups = dict(draft=draft, target=target)
     post = bayes.sample_plane(train.ppl_draft, train.ppl_target, train.alpha, weights=train.regression_weights(),
                               model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
-                              progress_bar=False, summarize=False)
+                              progress_bar=False, summarize=False, **groups)
     planes = bayes.planes_from_posterior(post.samples, model)
     mean = np.asarray(type(planes)(*(np.asarray(v)[:, None] for v in planes)).rate(test.ppl_draft, test.ppl_target))
+    coefficients_only = mean
+    if model_effects:
+        rng_effects = np.random.default_rng(seed + 1)
+        mean = (mean + _model_effect(post.samples, "draft_sd", "draft_z", train.draft, test.draft, rng_effects)
+                + _model_effect(post.samples, "target_sd", "target_z", train.target, test.target, rng_effects))
     # The model's noise is for a row of average TRAINING weight; scale it to each held-out row's weight.
     w = test.regression_weights() / train.regression_weights().mean()
     sigma = np.asarray(post.samples["sigma"]).reshape(-1)[:, None] / np.sqrt(w)[None]
     rng = np.random.default_rng(seed)
     predictive = mean + sigma * rng.standard_normal(mean.shape)
     lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
-    lo_mean, hi_mean = np.quantile(mean, [0.05, 0.95], axis=0)
+    lo_mean, hi_mean = np.quantile(coefficients_only, [0.05, 0.95], axis=0)
     y = test.alpha
     log_density = _log_mean_exp(-0.5 * ((y - mean) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)), axis=0)
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
@@ -137,7 +166,7 @@ def _summary(folds: dict, sizes: list[float]) -> dict:
 
 
 def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, draws=300, seed=0, starts_every=1,
-                run_effects=False, log=print) -> dict:
+                run_effects=False, model_effects=False, log=print) -> dict:
     from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
     from sdsl_jax.fitting import IdentifiabilityError
 
@@ -178,7 +207,8 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, d
                 keep = (pairs.n_draft != s) & (pairs.n_target != s)
                 if keep.all() or not keep.any():
                     continue
-                folds[s] = acceptance_fold(pairs, keep, model, chains=chains, warmup=warmup, draws=draws, seed=seed)
+                folds[s] = acceptance_fold(pairs, keep, model, chains=chains, warmup=warmup, draws=draws, seed=seed,
+                                           model_effects=model_effects)
             log(f"  acceptance {name}: {len(folds)} sizes held out")
             record["acceptance_models"][name] = _summary(folds, sorted(folds))
     return record
@@ -250,12 +280,15 @@ def _run(args, argv) -> int:
         return 2
     from sdsl_jax.pipeline import has_repeated_runs
 
-    run_effects = {"auto": has_repeated_runs(runs), "on": True, "off": False}[args.run_effects]
+    choice = {"auto": None, "on": True, "off": False}[args.run_effects]
+    run_effects = has_repeated_runs(runs) if choice is None else choice
+    model_effects = (pairs is not None and pairs.has_repeated_models()) if choice is None else choice
     with log.heartbeat(8.0):
-        log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}, run effects {'on' if run_effects else 'off'}" + (f", acceptance {models}" if pairs else ""))
+        log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}, run effects {'on' if run_effects else 'off'}"
+            + (f", acceptance {models}, model effects {'on' if model_effects else 'off'}" if pairs else ""))
         record = run_holdout(runs, pairs, laws=laws, acceptance_models=models if pairs else [], chains=args.chains,
                              warmup=args.warmup, draws=args.draws, seed=args.seed, starts_every=args.starts,
-                             run_effects=run_effects, log=log)
+                             run_effects=run_effects, model_effects=model_effects, log=log)
     out = args.out or os.path.join(args.data, "holdout")
     os.makedirs(out, exist_ok=True)
     record.update(command="python -m experiments.holdout " + " ".join(argv),
@@ -263,7 +296,7 @@ def _run(args, argv) -> int:
                   versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()
                                              if os.path.exists(v)},
                   settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts,
-                                run_effects=run_effects))
+                                run_effects=run_effects, model_effects=model_effects))
     table = markdown(record)
     print(table)
     write_text(os.path.join(out, "holdout.md"), table)

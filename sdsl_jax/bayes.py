@@ -51,6 +51,7 @@ __all__ = [
     "loss_law_model_for",
     "plane_model",
     "plane_model_for",
+    "model_effects_plane_model_for",
     "PosteriorRun",
     "Diagnostics",
     "sample_loss_law",
@@ -201,6 +202,20 @@ def new_run_offsets(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_
     return offset
 
 
+def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_target: jax.Array) -> jax.Array:
+    """Sample the acceptance model's coefficients (standardised features) and return its mean alpha."""
+    u, v = acceptance_model.features(ppl_draft, ppl_target)
+    u_mean, u_std = u.mean(), u.std() + 1e-12
+    v_mean, v_std = v.mean(), v.std() + 1e-12
+    slope_x = numpyro.sample("slope_x", dist.Normal(0.0, 0.5))
+    slope_y = numpyro.sample("slope_y", dist.Normal(0.0, 0.5))
+    centre = numpyro.sample("centre", dist.Normal(0.5, 0.5))
+    A = numpyro.deterministic("A", slope_x / u_std)
+    B = numpyro.deterministic("B", slope_y / v_std)
+    numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
+    return centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
+
+
 @functools.lru_cache(maxsize=None)
 def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
     """The NumPyro model of an acceptance model ``alpha = A u + B v + C`` with weighted Gaussian noise.
@@ -213,22 +228,56 @@ def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
     """
 
     def model(ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, alpha: jax.Array | None = None) -> None:
-        u, v = acceptance_model.features(ppl_draft, ppl_target)
-        u_mean, u_std = u.mean(), u.std() + 1e-12
-        v_mean, v_std = v.mean(), v.std() + 1e-12
-        slope_x = numpyro.sample("slope_x", dist.Normal(0.0, 0.5))
-        slope_y = numpyro.sample("slope_y", dist.Normal(0.0, 0.5))
-        centre = numpyro.sample("centre", dist.Normal(0.5, 0.5))
+        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
         sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
-        A = numpyro.deterministic("A", slope_x / u_std)
-        B = numpyro.deterministic("B", slope_y / v_std)
-        numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
-        mean = centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
             numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
 
     model.__name__ = model.__qualname__ = f"plane_model[{acceptance_model.name}]"
+    return model
+
+
+MODEL_EFFECT_SITES = ("draft_sd", "target_sd")
+
+
+@functools.lru_cache(maxsize=None)
+def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
+    """The acceptance model with a random effect per draft model and per target model (crossed).
+
+    Pairs that share a model are not independent: a draft that agrees with its targets more than
+    its perplexity says does so with every target, and likewise for a target::
+
+        alpha_ij = A u_ij + B v_ij + C + a_i + b_j + e_ij,      i = draft model, j = target model
+        a_i ~ Normal(0, draft_sd),  b_j ~ Normal(0, target_sd),  e_ij ~ Normal(0, sigma / sqrt(w_ij))
+
+    Non-centred (``a_i = draft_sd z_i``). Priors as :func:`plane_model_for`, and
+    ``draft_sd, target_sd ~ HalfNormal(0.1)`` (model-to-model scatter of alpha of a few
+    hundredths, the size of the plane's residuals on real pairs). A new pair of new models
+    scatters around the plane by ``draft_sd``, ``target_sd`` and ``sigma`` together
+    (:class:`sdsl_jax.pipeline.PredictiveScales`); a pair of known models by its models' effects
+    and ``sigma`` alone.
+
+    Arguments: ``ppl_draft, ppl_target, weights`` per pair, ``draft`` and ``target`` (integer model
+    of each pair), ``draft_slots`` and ``target_slots`` (arrays whose lengths are the numbers of
+    models: shapes must be static under ``jit``), ``alpha``.
+    """
+
+    def model(ppl_draft, ppl_target, weights, draft, draft_slots, target, target_slots, alpha=None) -> None:
+        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
+        sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
+        draft_sd = numpyro.sample("draft_sd", dist.HalfNormal(0.1))
+        target_sd = numpyro.sample("target_sd", dist.HalfNormal(0.1))
+        with numpyro.plate("draft_models", draft_slots.shape[0]):
+            z_draft = numpyro.sample("draft_z", dist.Normal(0.0, 1.0))
+        with numpyro.plate("target_models", target_slots.shape[0]):
+            z_target = numpyro.sample("target_z", dist.Normal(0.0, 1.0))
+        mean = mean + draft_sd * z_draft[draft] + target_sd * z_target[target]
+        scale = sigma / jnp.sqrt(weights / weights.mean())
+        with numpyro.plate("pairs", ppl_draft.shape[0]):
+            numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
+
+    model.__name__ = model.__qualname__ = f"model_effects_plane_model[{acceptance_model.name}]"
     return model
 
 
@@ -281,19 +330,20 @@ def _chain_method(num_chains: int) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept) -> MCMC:
+def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass=False) -> MCMC:
     # Reused across calls with data of the same shapes (jit_model_args): repeated fits, such as
     # calibration over many synthetic datasets, compile once.
     return MCMC(
-        NUTS(model, target_accept_prob=target_accept), num_warmup=num_warmup, num_samples=num_samples,
+        NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass), num_warmup=num_warmup,
+        num_samples=num_samples,
         num_chains=num_chains, chain_method=_chain_method(num_chains), progress_bar=progress_bar,
         jit_model_args=True,
     )
 
 
 def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
-              progress_bar, target_accept, summarize) -> PosteriorRun:
-    mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept)
+              progress_bar, target_accept, summarize, dense_mass=False) -> PosteriorRun:
+    mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass)
     # numpyro's own x64 and dtype handling sit under "standard" promotion.
     with jax.numpy_dtype_promotion("standard"):
         mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=("diverging",))
@@ -477,16 +527,26 @@ def sample_plane(
     *,
     weights: ArrayLike | None = None,
     model: AcceptanceModel = PLANE,
+    draft: ArrayLike | None = None,
+    target: ArrayLike | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
     seed: int = 0,
     progress_bar: bool = True,
-    target_accept: float = 0.9,
+    target_accept: float | None = None,
     summarize: bool = True,
 ) -> PosteriorRun:
     """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` as in
-    :func:`sample_loss_law`."""
+    :func:`sample_loss_law`.
+
+    ``draft`` and ``target`` (an integer model per pair, e.g.
+    :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
+    effect per draft and per target model (:func:`model_effects_plane_model_for`); None keeps
+    pairs independent. That model runs NUTS with a dense mass matrix and ``target_accept``
+    0.95 by default (0.9 otherwise): a draft's effect and the coefficient of its perplexity are
+    correlated (each draft model has one perplexity), which a diagonal metric mixes slowly.
+    """
     x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
     # Start at the weighted least-squares fit (standardised coordinates), sigma at its residual.
@@ -498,10 +558,28 @@ def sample_plane(
     sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
     centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
                   sigma=float(np.log(max(sigma0, 1e-4))))
-    return _run_nuts(plane_model_for(model), (x, y, w, a), init_params=_jittered(centre, num_chains, seed, 0.05),
-                     var_names=PLANE_SITES, num_chains=num_chains, num_warmup=num_warmup,
-                     num_samples=num_samples, seed=seed, progress_bar=progress_bar, target_accept=target_accept,
-                     summarize=summarize)
+    if (draft is None) != (target is None):
+        raise ValueError("give both draft and target (one integer model per pair), or neither")
+    numpyro_model, args, var_names, dense = plane_model_for(model), (x, y, w), PLANE_SITES, False
+    if draft is not None:
+        groups = []
+        for name, index in (("draft", draft), ("target", target)):
+            index = np.asarray(index)
+            if index.shape != np.shape(alpha) or not np.issubdtype(index.dtype, np.integer) or index.min(initial=0) < 0:
+                raise ValueError(f"{name} must hold one non-negative integer per pair "
+                                 "(AcceptanceMeasurements.model_index())")
+            groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
+        args = (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
+        numpyro_model, var_names, dense = model_effects_plane_model_for(model), PLANE_SITES + MODEL_EFFECT_SITES, True
+        # The residual variance split evenly between pairs, drafts and targets; the z start at zero.
+        third = float(np.log(max(sigma0, 1e-4) / np.sqrt(3)))
+        centre.update(sigma=third, draft_sd=third, target_sd=third,
+                      draft_z=np.zeros(groups[0][1].shape[0]), target_z=np.zeros(groups[1][1].shape[0]))
+    return _run_nuts(numpyro_model, (*args, a), init_params=_jittered(centre, num_chains, seed, 0.05),
+                     var_names=var_names, num_chains=num_chains, num_warmup=num_warmup,
+                     num_samples=num_samples, seed=seed, progress_bar=progress_bar,
+                     target_accept=target_accept if target_accept is not None else (0.95 if dense else 0.9),
+                     summarize=summarize, dense_mass=dense)
 
 
 def laws_from_posterior(samples: dict[str, np.ndarray], family: LossLawFamily = CHINCHILLA):

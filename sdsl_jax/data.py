@@ -370,6 +370,20 @@ class AcceptanceMeasurements:
         w = np.where(np.isfinite(self.weight), self.weight, self.n_iterations)
         return np.where(np.isfinite(w), w, 1.0)
 
+    def model_index(self) -> tuple[np.ndarray, int, np.ndarray, int]:
+        """``(draft, drafts, target, targets)``: each pair's draft and target model as integers in
+        ``[0, drafts)`` and ``[0, targets)``, numbered by the ``draft`` / ``target`` labels in order
+        of first appearance (:func:`sdsl_jax.bayes.model_effects_plane_model_for`)."""
+        out = []
+        for labels in (self.draft, self.target):
+            order = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+            out += [np.array([order[label] for label in labels], np.int32), len(order)]
+        return tuple(out)
+
+    def has_repeated_models(self) -> bool:
+        """Whether some draft or target model is in two or more pairs (per-model effects are identified)."""
+        return len(set(self.draft)) < len(self.draft) or len(set(self.target)) < len(self.target)
+
     def select(self, mask: np.ndarray) -> "AcceptanceMeasurements":
         return _select(self, mask)
 

@@ -51,6 +51,8 @@ __all__ = [
     "sample_posterior",
     "paired_draws",
     "PredictiveScales",
+    "KnownEffects",
+    "CandidateLabels",
     "predictive_scales",
     "predictive_planes",
     "has_repeated_runs",
@@ -301,6 +303,7 @@ def sample_posterior(
     seed: int = 0,
     plane_seed: int | None = None,
     run_effects: bool | None = None,
+    model_effects: bool | None = None,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
@@ -310,7 +313,11 @@ def sample_posterior(
     ``plane_seed`` defaults to ``seed + 1``. ``run_effects``: the hierarchical loss law with a
     random intercept and slope in log D per training run (:func:`sdsl_jax.bayes.run_effects_model_for`;
     runs from :meth:`PretrainingRuns.run_index`); None (default) uses it when some run has rows
-    at two or more budgets D, where the effects are identified. With ``stages``, each finished run
+    at two or more budgets D, where the effects are identified. ``model_effects``: the acceptance
+    model with a random effect per draft and per target model
+    (:func:`sdsl_jax.bayes.model_effects_plane_model_for`; models from
+    :meth:`AcceptanceMeasurements.model_index`); None uses it when some model is in two or more
+    pairs. With ``stages``, each finished run
     is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
@@ -333,10 +340,17 @@ def sample_posterior(
         log(f"posterior: loss law {flag}")
     plane_run, planes = None, point.plane
     if acceptance is not None:
+        if model_effects is None:
+            model_effects = acceptance.has_repeated_models()
+        groups = {}
+        if model_effects:
+            draft, _, target, _ = acceptance.model_index()
+            groups = dict(draft=draft, target=target)
+
         def plane_sample():
             return bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
                                       weights=acceptance.regression_weights(), model=point.acceptance_model,
-                                      seed=plane_seed, **kw)
+                                      seed=plane_seed, **groups, **kw)
 
         log(f"posterior: loss law done (max R-hat {law_run.diagnostics.max_rhat:.3f}); sampling the acceptance "
             "model")
@@ -362,8 +376,12 @@ class PredictiveScales(NamedTuple):
         log loss (a new model's log loss scatters around the law's curve by this much).
       alpha_sigma: the acceptance model's residual standard deviation (a row of average weight);
         zeros when the plane is fixed (no acceptance data, no residual known).
-      run_sd, run_slope_sd: a new training run's random intercept and slope in log D (zeros
+      run_sd, run_slope_sd: a new training run's random intercept and slope in log D (None
         for the model without run effects); ``centre_log_d``: the data's mean log D.
+      alpha_draft_sd, alpha_target_sd: the acceptance model's per-draft and per-target model
+        effects (None for the model without them): a new model's shift of alpha in every pair.
+      known: the posterior effects of the runs and models in the data (:class:`KnownEffects`;
+        None: every model is treated as new), for candidates that are in the data.
     """
 
     loss_sigma: np.ndarray
@@ -372,14 +390,94 @@ class PredictiveScales(NamedTuple):
     run_sd: np.ndarray | None = None
     run_slope_sd: np.ndarray | None = None
     centre_log_d: float = 0.0
+    alpha_draft_sd: np.ndarray | None = None
+    alpha_target_sd: np.ndarray | None = None
+    known: "KnownEffects | None" = None
 
-    def log_loss_offsets(self, log_d: Any, *, size: tuple[int, ...] = (), seed: int = 0) -> np.ndarray:
-        """Draws of a new model's log-loss offset from the law, shape ``(draws, *size)``
-        (:func:`sdsl_jax.bayes.new_run_offsets`)."""
+    def log_loss_offsets(self, log_d: Any, *, size: tuple[int, ...] = (), seed: int = 0,
+                         runs: tuple[str | None, ...] | None = None) -> np.ndarray:
+        """Draws of a model's log-loss offset from the law, shape ``(draws, *size)``.
+
+        A new model's (:func:`sdsl_jax.bayes.new_run_offsets`); with ``runs`` (one run label per
+        entry of ``size``, flattened) an entry whose run is in the data (``known``) keeps its
+        run's posterior intercept and slope and draws only its own Student-t residual.
+        """
         samples = dict(sigma=self.loss_sigma, nu=self.loss_nu)
         if self.run_sd is not None:
             samples.update(run_sd=self.run_sd, run_slope_sd=self.run_slope_sd)
-        return bayes.new_run_offsets(samples, log_d, centre_log_d=self.centre_log_d, size=size, seed=seed)
+        offsets = bayes.new_run_offsets(samples, log_d, centre_log_d=self.centre_log_d, size=size, seed=seed)
+        known = self.known
+        if runs is None or known is None or known.run_intercept is None:
+            return offsets
+        flat = offsets.reshape(offsets.shape[0], -1)
+        log_d = np.broadcast_to(np.asarray(log_d, np.float64), offsets.shape).reshape(flat.shape)
+        residual = bayes.new_run_offsets(dict(sigma=self.loss_sigma, nu=self.loss_nu), 0.0,
+                                         size=(flat.shape[1],), seed=seed + 7919)
+        for j, label in enumerate(runs):
+            r = known.run_labels.index(label) if label in known.run_labels else None
+            if r is not None:
+                flat[:, j] = (residual[:, j] + known.run_intercept[:, r]
+                              + known.run_slope[:, r] * (log_d[:, j] - self.centre_log_d))
+        return flat.reshape(offsets.shape)
+
+    def alpha_offsets(self, rng: np.random.Generator, candidates: int, *,
+                      drafts: tuple[str | None, ...] | None = None, target: str | None = None) -> np.ndarray:
+        """Draws of alpha's residual for ``candidates`` drafts paired with ONE target, shape
+        ``(draws, candidates)``: each pair's own residual, each draft's model effect and the
+        target's, shared by all the candidates of a draw. A draft (labels ``drafts``) or the
+        ``target`` that is in the data (``known``) keeps its posterior effect; others are new."""
+        count = self.alpha_sigma.shape[0]
+        offset = self.alpha_sigma[:, None] * rng.standard_normal((count, candidates))
+        if self.alpha_draft_sd is None:
+            return offset
+        draft = self.alpha_draft_sd[:, None] * rng.standard_normal((count, candidates))
+        target_effect = self.alpha_target_sd[:, None] * rng.standard_normal((count, 1))
+        known = self.known
+        if known is not None and known.draft_effect is not None:
+            for j, label in enumerate(drafts or ()):
+                if label in known.draft_labels:
+                    draft[:, j] = known.draft_effect[:, known.draft_labels.index(label)]
+            if target in known.target_labels:
+                target_effect = known.target_effect[:, known.target_labels.index(target)][:, None]
+        return offset + draft + target_effect
+
+
+class CandidateLabels(NamedTuple):
+    """Who the candidates and the target are in the data, so that :class:`KnownEffects` apply.
+
+    Attributes:
+      draft_runs: each candidate's loss-law run (:meth:`PretrainingRuns.run_labels`), or None.
+      target_run: the target's run, or None.
+      draft_models: each candidate's label as a draft in the acceptance data, or None.
+      target_model: the target's label as a target in the acceptance data, or None.
+    """
+
+    draft_runs: tuple[str | None, ...] | None = None
+    target_run: str | None = None
+    draft_models: tuple[str | None, ...] | None = None
+    target_model: str | None = None
+
+
+class KnownEffects(NamedTuple):
+    """Posterior effects of the runs and models in the data, per draw (aligned with
+    :class:`PredictiveScales`): a candidate that is one of them is predicted conditionally on
+    its own data instead of as a new model.
+
+    Attributes:
+      run_labels: the loss-law runs (:meth:`PretrainingRuns.run_labels` order of first appearance).
+      run_intercept, run_slope: ``(draws, runs)``: each run's ``u_r`` and ``v_r`` (None without run effects).
+      draft_labels, target_labels: the acceptance data's draft and target models.
+      draft_effect, target_effect: ``(draws, models)``: each model's effect on alpha (None without
+        model effects).
+    """
+
+    run_labels: tuple[str, ...] = ()
+    run_intercept: np.ndarray | None = None
+    run_slope: np.ndarray | None = None
+    draft_labels: tuple[str, ...] = ()
+    draft_effect: np.ndarray | None = None
+    target_labels: tuple[str, ...] = ()
+    target_effect: np.ndarray | None = None
 
 
 def _draw_indices(total: int, count: int | None, rng_seed: int, size: int) -> np.ndarray:
@@ -388,8 +486,15 @@ def _draw_indices(total: int, count: int | None, rng_seed: int, size: int) -> np
     return np.random.default_rng(rng_seed).choice(total, size=count, replace=False)
 
 
-def predictive_scales(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> PredictiveScales:
-    """The residual scales of the draws :func:`paired_draws` returns for the same ``count`` and ``seed``."""
+def predictive_scales(posterior: Posterior, *, count: int | None = None, seed: int = 0,
+                      runs: PretrainingRuns | None = None,
+                      acceptance: AcceptanceMeasurements | None = None) -> PredictiveScales:
+    """The residual scales of the draws :func:`paired_draws` returns for the same ``count`` and ``seed``.
+
+    With ``runs`` and ``acceptance`` (the data the posterior was fitted to), also the posterior
+    effects of their runs and models (:class:`KnownEffects`), so that candidates in the data
+    are predicted conditionally on them (``rank_drafts(draft_runs=..., draft_models=...)``).
+    """
     law_samples = posterior.law_run.samples
     n_laws = np.size(posterior.laws[0])
     n_planes = np.size(posterior.planes[0]) if posterior.plane_run is not None else None
@@ -399,13 +504,31 @@ def predictive_scales(posterior: Posterior, *, count: int | None = None, seed: i
     run_sd = run_slope_sd = None
     if "run_sd" in law_samples:
         run_sd, run_slope_sd = (np.asarray(law_samples[k]).reshape(-1)[idx] for k in bayes.RUN_EFFECT_SITES)
+    draft_sd = target_sd = None
     if n_planes is None:
         alpha_sigma = np.zeros_like(sigma)
     else:
-        alpha_sigma = np.asarray(posterior.plane_run.samples["sigma"]).reshape(-1)[
-            _draw_indices(n_planes, count, seed + 1, size)]
+        plane_samples = posterior.plane_run.samples
+        plane_idx = _draw_indices(n_planes, count, seed + 1, size)
+        alpha_sigma = np.asarray(plane_samples["sigma"]).reshape(-1)[plane_idx]
+        if "draft_sd" in plane_samples:
+            draft_sd, target_sd = (np.asarray(plane_samples[k]).reshape(-1)[plane_idx]
+                                   for k in bayes.MODEL_EFFECT_SITES)
+    known = None
+    if runs is not None or acceptance is not None:
+        kw = {}
+        if runs is not None and run_sd is not None:
+            flat = lambda k: np.asarray(law_samples[k]).reshape(n_laws, -1)[idx]  # noqa: E731
+            kw.update(run_labels=tuple(dict.fromkeys(runs.run_labels())),
+                      run_intercept=run_sd[:, None] * flat("run_z"), run_slope=run_slope_sd[:, None] * flat("run_slope_z"))
+        if acceptance is not None and draft_sd is not None:
+            flat = lambda k: np.asarray(plane_samples[k]).reshape(n_planes, -1)[plane_idx]  # noqa: E731
+            kw.update(draft_labels=tuple(dict.fromkeys(acceptance.draft)), draft_effect=draft_sd[:, None] * flat("draft_z"),
+                      target_labels=tuple(dict.fromkeys(acceptance.target)),
+                      target_effect=target_sd[:, None] * flat("target_z"))
+        known = KnownEffects(**kw)
     return PredictiveScales(sigma, nu, alpha_sigma, run_sd, run_slope_sd,
-                            float(law_samples.get("centre_log_d", 0.0)))
+                            float(law_samples.get("centre_log_d", 0.0)), draft_sd, target_sd, known)
 
 
 def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, d_target: float,
@@ -414,14 +537,15 @@ def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, 
 
     One offset of the draft's log loss per draw, shared by every draft size N of that draw (the
     draft series is trained by one recipe on one corpus, so its deviation from the law moves
-    the whole curve T(N), which is what moves N*); one for the target; one on alpha. The draft's
+    the whole curve T(N), which is what moves N*); one for the target; one on alpha (with
+    per-model effects: the pair's residual plus a new draft's and a new target's effect). The draft's
     offset is drawn at the training budget ``d_draft`` (with a recipe: the budget near N*),
     since a run's slope effect grows with the distance of log D from the data's centre.
     """
     count = scales.loss_sigma.shape[0]
     dx = scales.log_loss_offsets(np.log(d_draft), seed=seed)
     dy = scales.log_loss_offsets(np.log(d_target), seed=seed + 1)
-    da = scales.alpha_sigma * np.random.default_rng(seed + 2).standard_normal(count)
+    da = scales.alpha_offsets(np.random.default_rng(seed + 2), 1)[:, 0]
     planes = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,)), planes)
     return ResidualAcceptance(planes, dx, dy, da)
 
@@ -506,6 +630,7 @@ def rank_drafts(
     cost: Any = SDSL_FLOPS,
     draws: tuple[Any, Any] | None = None,
     scales: PredictiveScales | None = None,
+    labels: CandidateLabels | None = None,
     seed: int = 0,
 ) -> DraftRanking:
     """Each candidate draft's predicted alpha and T for one target, the best, and P(best).
@@ -514,8 +639,11 @@ def rank_drafts(
     and the T band carry the uncertainty of the law's mean curve and the plane's coefficients.
     With ``scales`` (:func:`predictive_scales`) they are posterior-predictive: each draw also
     draws every candidate's log loss residual (Student-t), the target's (one, shared by the
-    candidates) and each pair's acceptance residual (Gaussian), so a new model's scatter around
-    the law counts as it does in the data. A candidate inadmissible in a draw (alpha outside
+    candidates) and each pair's acceptance residual (Gaussian; with per-model effects also each
+    candidate's draft effect and the target's, shared), so a new model's scatter around
+    the law counts as it does in the data. With ``labels`` and ``scales.known``, a candidate
+    (or the target) whose run or model is in the data keeps that run's or model's posterior
+    effect and draws only its own residual. A candidate inadmissible in a draw (alpha outside
     (0, 1)) cannot win that draw; a draw where none is admissible is left out.
     """
     n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
@@ -526,14 +654,14 @@ def rank_drafts(
     p_best = band = None
     if draws is not None:
         t_draws = throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=m_target, d_target=d_target, cost=cost,
-                                   scales=scales, seed=seed)
+                                   scales=scales, labels=labels, seed=seed)
         p_best, band = best_draft_probabilities(t_draws)
     return DraftRanking(alpha, t, best, p_best, band)
 
 
 def throughput_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: np.ndarray, m_target: float,
                      d_target: float, cost: Any = SDSL_FLOPS, scales: PredictiveScales | None = None,
-                     seed: int = 0) -> np.ndarray:
+                     labels: CandidateLabels | None = None, seed: int = 0) -> np.ndarray:
     """T of each candidate draft under each posterior draw, shape ``(draws, candidates)``.
 
     With ``scales``, posterior-predictive (see :func:`rank_drafts`); NaN where a candidate is
@@ -544,7 +672,8 @@ def throughput_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: 
     if scales is None:
         return np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, d_draft=d, d_target=d_target,
                                            cost=cost))
-    return _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed)
+    return _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed,
+                                  labels or CandidateLabels())
 
 
 def best_draft_probabilities(t_draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -562,16 +691,17 @@ def best_draft_probabilities(t_draws: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return p_best, band
 
 
-def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_target, d_target, cost, seed: int):
-    """T per (draw, candidate) with new-model residuals drawn on log loss and on alpha."""
+def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_target, d_target, cost, seed: int,
+                           labels: CandidateLabels):
+    """T per (draw, candidate) with residuals drawn on log loss and on alpha (new models', or
+    conditioned on the posterior effects of the runs and models ``labels`` names)."""
     rng = np.random.default_rng(seed)
-    count = scales.loss_sigma.shape[0]
     log_x = np.log(np.asarray(laws.loss(n[None, :], d[None, :]))) + scales.log_loss_offsets(
-        np.log(d)[None, :], size=(n.size,), seed=seed)
+        np.log(d)[None, :], size=(n.size,), seed=seed, runs=labels.draft_runs)
     log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + scales.log_loss_offsets(
-        np.log(d_target), size=(1,), seed=seed + 1)
+        np.log(d_target), size=(1,), seed=seed + 1, runs=None if labels.target_run is None else (labels.target_run,))
     alpha = np.asarray(planes.rate(np.exp(np.exp(log_x)), np.exp(np.exp(log_y))))
-    alpha = alpha + scales.alpha_sigma[:, None] * rng.standard_normal((count, n.size))
+    alpha = alpha + scales.alpha_offsets(rng, n.size, drafts=labels.draft_models, target=labels.target_model)
     return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
 
 
@@ -680,6 +810,7 @@ def run(
     posterior: bool = False,
     predictive: bool = True,
     run_effects: bool | None = None,
+    model_effects: bool | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -703,6 +834,8 @@ def run(
         False: bands of the law's mean curve only.
       run_effects: per-run random effects in the loss law (None: where identified; see
         :func:`sample_posterior`).
+      model_effects: per-draft and per-target model effects in the acceptance model (None: where
+        identified; see :func:`sample_posterior`).
       num_chains, num_warmup, num_samples, seed: NUTS settings.
       starts: loss-law multi-start grid (default the family's).
       stages: a :class:`StageStore` for resumable runs.
@@ -730,6 +863,7 @@ def run(
             f"{num_chains} chains x ({num_warmup} warm-up + {num_samples} draws)")
         post = sample_posterior(runs, acceptance, point, num_chains=num_chains, num_warmup=num_warmup,
                                 num_samples=num_samples, seed=seed, run_effects=run_effects,
+                                model_effects=model_effects,
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None

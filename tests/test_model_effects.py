@@ -1,0 +1,145 @@
+"""Correlated acceptance pairs: per-draft and per-target model effects, and conditioning on models in the data."""
+
+import numpy as np
+import pytest
+
+from sdsl_jax import SDSL2026, bayes, pipeline
+from sdsl_jax.data import load_acceptance
+from experiments.closure import candidate_labels, run_label_of
+from experiments.holdout import _model_effect
+
+HEADER = "draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha\n"
+TRUE = dict(A=-0.04, B=0.06, C=0.70, sigma=0.008, draft_sd=0.03, target_sd=0.01)
+
+
+def _crossed_pairs(rng, drafts=12, targets=5):
+    """Every draft model with every target: alpha from the plane plus each model's effect."""
+    x = np.exp(rng.uniform(1.5, 3.0, drafts))  # draft perplexities
+    y = np.exp(rng.uniform(0.8, 1.4, targets))
+    di, ti = (a.ravel() for a in np.meshgrid(np.arange(drafts), np.arange(targets), indexing="ij"))
+    a_draft = TRUE["draft_sd"] * rng.standard_normal(drafts)
+    a_target = TRUE["target_sd"] * rng.standard_normal(targets)
+    alpha = (TRUE["A"] * x[di] + TRUE["B"] * y[ti] + TRUE["C"] + a_draft[di] + a_target[ti]
+             + TRUE["sigma"] * rng.standard_normal(di.size))
+    return x[di], y[ti], alpha, di.astype(np.int32), ti.astype(np.int32)
+
+
+def test_model_index_numbers_labels_in_order_of_appearance(tmp_path):
+    path = tmp_path / "acc.csv"
+    path.write_text(HEADER + "s1,t1,1e5,1e6,1e7,1e8,10,5,0.5\ns2,t1,1e5,1e6,1e7,1e8,9,5,0.55\n"
+                    "s1,t2,1e5,1e6,1e7,1e8,10,4,0.45\n")
+    pairs = load_acceptance(path)
+    draft, drafts, target, targets = pairs.model_index()
+    assert draft.tolist() == [0, 1, 0] and drafts == 2 and target.tolist() == [0, 0, 1] and targets == 2
+    assert pairs.has_repeated_models()
+    assert not pairs.select(np.array([True, False, False])).has_repeated_models()
+
+
+def test_sample_plane_refuses_half_or_bad_model_indices():
+    x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="both draft and target"):
+        bayes.sample_plane(x, y, alpha, draft=di, num_chains=1, num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match="target must hold"):
+        bayes.sample_plane(x, y, alpha, draft=di, target=ti[:-1], num_chains=1, num_warmup=5, num_samples=5)
+
+
+def test_model_effects_posterior_finds_the_draft_effect_and_shrinks_the_pair_residual():
+    # Pairs that share a draft share its effect: the crossed model should see the draft effect
+    # (its 90% interval covers the truth, away from zero) and leave the pair residual near its
+    # true scale, where the model with independent pairs lumps both into sigma.
+    x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
+    kw = dict(num_chains=2, num_warmup=300, num_samples=300, seed=0, progress_bar=False)
+    crossed = bayes.sample_plane(x, y, alpha, draft=di, target=ti, **kw)
+    iid = bayes.sample_plane(x, y, alpha, **kw)
+    lo, hi = np.quantile(crossed.samples["draft_sd"], [0.05, 0.95])
+    assert lo < TRUE["draft_sd"] < hi and lo > 0.01
+    assert np.median(crossed.samples["sigma"]) < 0.5 * np.median(iid.samples["sigma"])
+    assert crossed.diagnostics.num_divergences <= 5
+    # The coefficients' band is wider once pairs are not counted as independent (the review's 3-4x).
+    width = lambda s: np.subtract(*np.quantile(s["A"], [0.95, 0.05]))  # noqa: E731
+    assert width(crossed.samples) > 1.5 * width(iid.samples)
+
+
+def _scales(count=4000, known=None):
+    return pipeline.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.01),
+                                     alpha_draft_sd=np.full(count, 0.03), alpha_target_sd=np.full(count, 0.02),
+                                     known=known)
+
+
+def test_alpha_offsets_of_new_models_add_the_three_variances_and_share_the_target():
+    off = _scales().alpha_offsets(np.random.default_rng(0), 3)
+    assert np.var(off, axis=0) == pytest.approx(np.full(3, 0.01**2 + 0.03**2 + 0.02**2), rel=0.1)
+    # Candidates share the target's effect: covariance between two candidates is target_sd^2.
+    assert np.cov(off[:, 0], off[:, 1])[0, 1] == pytest.approx(0.02**2, rel=0.2)
+
+
+def test_known_models_keep_their_posterior_effects():
+    count = 4000
+    rng = np.random.default_rng(1)
+    known = pipeline.KnownEffects(draft_labels=("a", "b"), draft_effect=rng.normal(0.05, 0.001, (count, 2)),
+                                  target_labels=("T",), target_effect=np.full((count, 1), -0.02))
+    off = _scales(count, known).alpha_offsets(np.random.default_rng(0), 2, drafts=("b", None), target="T")
+    # "b" is known: its effect (mean 0.05) plus the pair's residual and the known target's -0.02.
+    assert np.mean(off[:, 0]) == pytest.approx(0.03, abs=1e-3)
+    assert np.std(off[:, 0]) == pytest.approx(np.hypot(0.01, 0.001), rel=0.1)
+    # The second candidate is new: a fresh draft effect, the same known target.
+    assert np.mean(off[:, 1]) == pytest.approx(-0.02, abs=2e-3)
+    assert np.std(off[:, 1]) == pytest.approx(np.hypot(0.01, 0.03), rel=0.1)
+
+
+def test_a_known_run_keeps_its_intercept_and_slope():
+    count = 3000
+    known = pipeline.KnownEffects(run_labels=("r0",), run_intercept=np.full((count, 1), 0.1),
+                                  run_slope=np.full((count, 1), 0.02))
+    scales = pipeline.PredictiveScales(np.full(count, 1e-6), np.full(count, 30.0), np.zeros(count),
+                                       run_sd=np.full(count, 0.05), run_slope_sd=np.full(count, 0.05),
+                                       centre_log_d=10.0, known=known)
+    log_d = np.array([[12.0, 12.0]])
+    off = scales.log_loss_offsets(log_d, size=(2,), seed=0, runs=("r0", None))
+    np.testing.assert_allclose(off[:, 0], 0.1 + 0.02 * 2.0, atol=1e-4)
+    assert np.std(off[:, 1]) == pytest.approx(np.hypot(0.05, 0.05 * 2.0), rel=0.1)
+
+
+def test_zero_known_effects_rank_like_new_models_without_scatter():
+    # Known models whose effects are exactly zero, with no residuals: the ranking is the law's.
+    from sdsl_jax import HOFFMANN2022
+
+    count = 200
+    n, d = np.array([3e7, 1e8, 3e8]), np.array([6e11, 1e12, 2e12])
+    known = pipeline.KnownEffects(draft_labels=("a", "b", "c"), draft_effect=np.zeros((count, 3)),
+                                  target_labels=("T",), target_effect=np.zeros((count, 1)))
+    scales = pipeline.PredictiveScales(np.full(count, 1e-12), np.full(count, 30.0), np.zeros(count),
+                                       alpha_draft_sd=np.full(count, 0.5), alpha_target_sd=np.full(count, 0.5),
+                                       known=known)
+    law = type(HOFFMANN2022)(*(np.full(count, v) for v in HOFFMANN2022))
+    plane = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
+    labels = pipeline.CandidateLabels(draft_models=("a", "b", "c"), target_model="T")
+    t = pipeline.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12,
+                                  scales=scales, labels=labels)
+    t_mean = pipeline.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12)
+    np.testing.assert_allclose(t, t_mean, rtol=1e-6)
+
+
+def test_holdout_effects_keep_known_models_and_share_a_new_models_draw():
+    samples = dict(draft_sd=np.full(500, 2.0), draft_z=np.tile([[1.0, -1.0]], (500, 1)))
+    eff = _model_effect(samples, "draft_sd", "draft_z", ("a", "b", "a"), ("b", "new", "new", "a"),
+                        np.random.default_rng(0))
+    np.testing.assert_allclose(eff[:, 0], -2.0)
+    np.testing.assert_allclose(eff[:, 3], 2.0)
+    np.testing.assert_allclose(eff[:, 1], eff[:, 2])  # one new model, one draw shared by its pairs
+    assert np.std(eff[:, 1]) == pytest.approx(2.0, rel=0.15)
+
+
+def test_candidate_labels_find_runs_and_models_in_the_data(tmp_path):
+    from sdsl_jax.data import load_pretraining
+
+    pre = tmp_path / "pre.csv"
+    pre.write_text("n_params,n_tokens,loss\n1e6,1e8,3.0\n1e6,2e8,2.9\n2e6,1e8,2.8\n")
+    acc = tmp_path / "acc.csv"
+    acc.write_text(HEADER + "d1,T,1e5,1e6,1e7,1e8,10,5,0.5\n")
+    runs, pairs = load_pretraining(pre), load_acceptance(acc)
+    assert run_label_of(runs, 1e6, 4e8) == runs.run_labels()[0]  # the size's one run, at a new budget
+    assert run_label_of(runs, 3e6, 1e8) is None
+    labels = candidate_labels(runs, pairs, ["d1", "d2"], [1e6, 3e6], [1e8, 1e8], "T", 2e6, 1e8)
+    assert labels.draft_models == ("d1", None) and labels.target_model == "T"
+    assert labels.draft_runs == (runs.run_labels()[0], None) and labels.target_run == runs.run_labels()[2]
