@@ -49,6 +49,8 @@ __all__ = [
     "IdentifiabilityError",
     "check_loss_law_data",
     "check_acceptance_data",
+    "NEAR_OPTIMUM",
+    "rival_optima",
 ]
 
 
@@ -434,3 +436,26 @@ def fit_acceptance_plane(
     mean = (w * a).sum() / w.sum()
     r2 = 1.0 - (w * residual**2).sum() / (w * (a - mean) ** 2).sum()
     return PlaneFit(model.params_type(*coef), r2, jnp.sqrt((w * residual**2).sum() / w.sum()))
+
+
+NEAR_OPTIMUM = 1e-2
+"""Relative distance to the best objective within which another start's optimum counts as a rival."""
+
+
+def rival_optima(all_theta: np.ndarray, all_values: np.ndarray, names: tuple[str, ...], *,
+                 near: float = NEAR_OPTIMUM, spread: float = 0.05) -> tuple[str, ...]:
+    """Coordinates that differ by more than ``spread`` among the starts within ``near`` of the best.
+
+    A multi-start fit (:func:`fit_multistart`'s ``all_params``, ``all_values``) whose near-best starts
+    disagree is one of several near-equal optima: a machine's rounding can pick another.
+    """
+    values = np.asarray(all_values, np.float64)
+    ok = np.isfinite(values)
+    if not ok.any():
+        return ()
+    best = values[ok].min()
+    close = ok & (values <= best + near * abs(best))
+    theta = np.asarray(all_theta, np.float64)[close]
+    # A log-coefficient at -700 or -inf is "negligible" either way: compare within [-50, 50].
+    theta = np.clip(np.nan_to_num(theta, nan=0.0, posinf=50.0, neginf=-50.0), -50.0, 50.0)
+    return tuple(n for n, lo, hi in zip(names, theta.min(0), theta.max(0)) if hi - lo > spread)

@@ -34,7 +34,7 @@ from sdsl_jax import bayes
 from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel, ResidualAcceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
-from sdsl_jax.fitting import fit_acceptance_plane, fit_loss_law
+from sdsl_jax.fitting import NEAR_OPTIMUM, fit_acceptance_plane, fit_loss_law, rival_optima
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import DraftSizeSolution, LinearLaw, fit_linear_law, solve_draft_size
@@ -62,7 +62,6 @@ __all__ = [
     "best_draft_probabilities",
     "run",
     "FormWeights",
-    "rival_optima",
     "stacking_weights",
     "mixture_bands",
 ]
@@ -102,25 +101,6 @@ class PointFit(NamedTuple):
     plane_fitted: bool
     plane_r_squared: float
     not_unique: tuple[str, ...] = ()
-
-
-NEAR_OPTIMUM = 1e-2
-"""Relative distance to the best objective within which another start's optimum counts as a rival."""
-
-
-def rival_optima(all_theta: np.ndarray, all_values: np.ndarray, names: tuple[str, ...], *,
-                 near: float = NEAR_OPTIMUM, spread: float = 0.05) -> tuple[str, ...]:
-    """Coordinates that differ by more than ``spread`` among the starts within ``near`` of the best."""
-    values = np.asarray(all_values, np.float64)
-    ok = np.isfinite(values)
-    if not ok.any():
-        return ()
-    best = values[ok].min()
-    close = ok & (values <= best + near * abs(best))
-    theta = np.asarray(all_theta, np.float64)[close]
-    # A log-coefficient at -700 or -inf is "negligible" either way: compare within [-50, 50].
-    theta = np.clip(np.nan_to_num(theta, nan=0.0, posinf=50.0, neginf=-50.0), -50.0, 50.0)
-    return tuple(n for n, lo, hi in zip(names, theta.min(0), theta.max(0)) if hi - lo > spread)
 
 
 class Posterior(NamedTuple):

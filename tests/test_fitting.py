@@ -40,13 +40,13 @@ def test_reproduces_epoch_huber_fit_from_4500_starts():
     assert fit.result.all_values.shape == (4500,)
     assert float(fit.result.value) == float(jnp.min(fit.result.all_values))
     # Every start that ends within 1% of the best objective ends at the same law: a unique point fit.
-    from sdsl_jax.pipeline import rival_optima
+    from sdsl_jax.fitting import rival_optima
 
     assert rival_optima(fit.result.all_params, fit.result.all_values, CHINCHILLA.theta_names) == ()
 
 
 def test_rival_optima_names_the_coordinates_near_optimal_starts_disagree_on():
-    from sdsl_jax.pipeline import rival_optima
+    from sdsl_jax.fitting import rival_optima
 
     theta = np.array([[1.0, 2.0, -np.inf], [1.01, 3.0, -700.0], [5.0, 9.0, 0.0]])
     values = np.array([1.000, 1.005, 1.5])  # the third start is 50% worse: not a rival
