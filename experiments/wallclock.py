@@ -58,7 +58,7 @@ def _alpha_draws(spec, i: int, count: int, rng) -> np.ndarray:
 def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws: int = 2000, seed: int = 0) -> dict:
     """Predicted vs measured wall-clock speedups; returns the JSON-ready record."""
     from sdsl_jax import best_lookahead, expected_tokens, target_alone_cost
-    from sdsl_jax.latency import cost_from_coef, fit_latency_table, latency_cost_draws
+    from sdsl_jax.latency import cost_from_coef, fit_latency_table, fit_measured_latency, latency_cost_draws
 
     if not np.any(np.isfinite(spec.wallclock_speedup)):
         raise DataError(spec.path, None, "wallclock_speedup", "is empty in every row: nothing to close against")
@@ -67,6 +67,7 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
     calls_only = fit._replace(cost=cost_from_coef(fit.coef), overheads={})
     rng = np.random.default_rng(seed)
     cost_draws = latency_cost_draws(fit, count=draws, seed=seed)
+    per_model = fit_measured_latency(latency, batch=batch)  # each timed model's own calls, no law in N
 
     def speedup(cost, alpha, gamma, n, m):
         tokens = np.asarray(expected_tokens(alpha, gamma))
@@ -77,7 +78,9 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
     for i in range(len(spec)):
         gamma, n, m = float(spec.gamma[i]), float(spec.n_draft[i]), float(spec.n_target[i])
         alpha = float(spec.alpha_mle[i])
-        band = speedup(cost_draws, _alpha_draws(spec, i, draws, rng), gamma, n, m)
+        alpha_draws = _alpha_draws(spec, i, draws, rng)
+        band = speedup(cost_draws, alpha_draws, gamma, n, m)
+        band_per_model = speedup(per_model, alpha_draws, gamma, n, m)  # alpha's uncertainty only
         # Where a miss comes from: the measured seconds of one loop iteration (tau / tokens per
         # second) and of one target-alone token, against the sums of the timed calls.
         iteration_measured = float(spec.tau[i] / spec.tokens_per_second[i])
@@ -91,7 +94,10 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
                          alpha_mle=alpha, measured_speedup=float(spec.wallclock_speedup[i]),
                          measured_seconds_iqr_over_median=float(spec.seconds_iqr[i] / spec.seconds_median[i]),
                          predicted_speedup=float(speedup(fit.cost, alpha, gamma, n, m)),
-                         predicted_band=[float(q) for q in np.quantile(band, [0.05, 0.95])], _draws=band))
+                         predicted_band=[float(q) for q in np.quantile(band, [0.05, 0.95])], _draws=band,
+                         predicted_speedup_per_model=float(speedup(per_model, alpha, gamma, n, m)),
+                         predicted_band_per_model=[float(q) for q in np.quantile(band_per_model, [0.05, 0.95])],
+                         _draws_per_model=band_per_model))
     targets = []
     for target in sorted(set(spec.target), key=lambda t: spec.n_target[spec.target.index(t)]):
         mine = [r for r in runs if r["target"] == target]
@@ -109,8 +115,19 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
                                speedup_at_gamma_star=float(best.throughput * target_alone_cost(
                                    fit.cost, rows_d[0]["n_target"])),
                                gamma_star_outside_grid=bool(g > max(gammas) or g < min(gammas))))
+        chosen = max(mine, key=lambda r: r["predicted_speedup_per_model"])
+        winners_per_model = np.argmax(np.stack([r["_draws_per_model"] for r in mine]), axis=0)
         targets.append(dict(
             target=target, n_target=mine[0]["n_target"],
+            # The same choice from each timed model's own calls (MeasuredLatency) instead of the law t(N, k).
+            per_model=dict(draft=chosen["draft"], gamma=chosen["gamma"],
+                           predicted_speedup=chosen["predicted_speedup_per_model"],
+                           band=chosen["predicted_band_per_model"], measured_speedup=chosen["measured_speedup"],
+                           picked_measured_fastest=chosen is measured,
+                           regret=1.0 - chosen["measured_speedup"] / measured["measured_speedup"],
+                           best_speedup_relative_error=chosen["predicted_speedup_per_model"]
+                           / measured["measured_speedup"] - 1.0,
+                           p_measured_fastest=float(np.mean(winners_per_model == mine.index(measured)))),
             measured_fastest=dict(draft=measured["draft"], gamma=measured["gamma"],
                                   speedup=measured["measured_speedup"]),
             predicted_fastest=dict(draft=predicted["draft"], gamma=predicted["gamma"],
@@ -124,7 +141,8 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
                                               <= measured["predicted_band"][1]),
             drafts=drafts))
     for r in runs:
-        del r["_draws"]
+        del r["_draws"], r["_draws_per_model"]
+    rel_table = np.array([r["predicted_speedup_per_model"] / r["measured_speedup"] - 1 for r in runs])
     iteration_ratio = np.array([r["iteration_seconds_measured"] / r["iteration_seconds_predicted"] for r in runs])
     alone_ratio = np.array([r["alone_seconds_measured"] / r["alone_seconds_predicted"] for r in runs])
     inside = np.mean([r["predicted_band"][0] <= r["measured_speedup"] <= r["predicted_band"][1] for r in runs])
@@ -134,6 +152,10 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
                 latency_coef=fit.coef, latency_relative_rmse=fit.relative_rmse, loop_overheads=fit.overheads,
                 calls_only_relative_error_median=float(np.median(rel_calls)),
                 calls_only_relative_error_rms=float(np.sqrt(np.mean(rel_calls**2))),
+                per_model_latency=dict(n_params=np.exp(per_model.log_n).tolist(), fixed=np.asarray(per_model.fixed).tolist(),
+                                       per_position=np.asarray(per_model.per_position).tolist(),
+                                       iteration=float(per_model.iteration),
+                                       draft_step=float(per_model.draft_step_overhead), alone=float(per_model.alone)),
                 runs=runs, targets=targets,
                 summary=dict(picked_within_5_percent=int(sum(t["regret"] <= 0.05 for t in targets)),
                              picked_exactly=int(sum(t["picked_measured_fastest"] for t in targets)),
@@ -143,7 +165,14 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
                              run_relative_error_median=float(np.median(rel)),
                              run_relative_error_rms=float(np.sqrt(np.mean(rel**2))),
                              iteration_over_calls=[float(q) for q in np.quantile(iteration_ratio, [0.0, 0.5, 1.0])],
-                             alone_over_call=[float(q) for q in np.quantile(alone_ratio, [0.0, 0.5, 1.0])]))
+                             alone_over_call=[float(q) for q in np.quantile(alone_ratio, [0.0, 0.5, 1.0])],
+                             per_model=dict(
+                                 picked_exactly=int(sum(t["per_model"]["picked_measured_fastest"] for t in targets)),
+                                 picked_within_5_percent=int(sum(t["per_model"]["regret"] <= 0.05 for t in targets)),
+                                 best_speedup_within_15_percent=int(sum(
+                                     abs(t["per_model"]["best_speedup_relative_error"]) <= 0.15 for t in targets)),
+                                 run_relative_error_median=float(np.median(rel_table)),
+                                 run_relative_error_rms=float(np.sqrt(np.mean(rel_table**2))))))
 
 
 def markdown(record: dict) -> str:
@@ -169,8 +198,23 @@ def markdown(record: dict) -> str:
                      f"[{pf['band'][0]:.2f}, {pf['band'][1]:.2f}] / x{pf['measured_speedup']:.2f} | "
                      f"{t['regret']:.1%} | {t['best_speedup_relative_error']:+.1%} | {t['p_measured_fastest']:.2f} | "
                      f"{gammas} |")
+    lines += ["", "The same choice from each timed model's own calls (`MeasuredLatency`: a line in k per model, "
+              "no law in N; band: alpha's uncertainty only):", "",
+              "| target (M) | measured fastest (gamma): speedup | chosen (gamma): predicted [90%] / measured | regret | "
+              "best speedup error | P(measured fastest) |", "|---|---|---|---|---|---|"]
+    for t in record["targets"]:
+        mf, pm = t["measured_fastest"], t["per_model"]
+        lines.append(f"| {t['target']} ({format_size(t['n_target'])}) | {mf['draft']} ({mf['gamma']}): "
+                     f"x{mf['speedup']:.2f} | {pm['draft']} ({pm['gamma']}): x{pm['predicted_speedup']:.2f} "
+                     f"[{pm['band'][0]:.2f}, {pm['band'][1]:.2f}] / x{pm['measured_speedup']:.2f} | "
+                     f"{pm['regret']:.1%} | {pm['best_speedup_relative_error']:+.1%} | {pm['p_measured_fastest']:.2f} |")
     s = record["summary"]
-    lines += ["", f"Picked the measured fastest for {s['picked_exactly']} of {s['targets']} targets, within 5% of it "
+    sp = s["per_model"]
+    lines += ["", f"Per-model timings: picked the measured fastest for {sp['picked_exactly']} of {s['targets']} targets, "
+              f"within 5% of it for {sp['picked_within_5_percent']}; best speedup within 15% for "
+              f"{sp['best_speedup_within_15_percent']}; over all runs median error {sp['run_relative_error_median']:+.1%}, "
+              f"RMS {sp['run_relative_error_rms']:.1%}."]
+    lines += ["", f"Law t(N, k): picked the measured fastest for {s['picked_exactly']} of {s['targets']} targets, within 5% of it "
               f"for {s['picked_within_5_percent']}; best speedup within 15% for "
               f"{s['best_speedup_within_15_percent']} of {s['targets']}. Over all {len(record['runs'])} runs: median "
               f"error {s['run_relative_error_median']:+.1%}, RMS {s['run_relative_error_rms']:.1%}, 90% bands cover "

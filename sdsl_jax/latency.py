@@ -21,14 +21,17 @@ active sets of the (at most four) terms. ``FORMS`` lists the nested alternatives
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from sdsl_jax.costs import LatencyCost
 
 __all__ = ["FORMS", "HELD_OUT_TOKENS", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
-           "predict_seconds", "select_form", "fit_loop_overheads", "fit_latency_table"]
+           "predict_seconds", "select_form", "fit_loop_overheads", "fit_latency_table", "MeasuredLatency",
+           "fit_measured_latency"]
 
 _TERMS = ("t0", "t1", "c1", "c2")
 FORMS: dict[str, tuple[str, ...]] = {
@@ -66,6 +69,23 @@ class LatencyFit(NamedTuple):
 
 def _design(n: np.ndarray, k: np.ndarray) -> dict[str, np.ndarray]:
     return {"t0": np.ones_like(n), "t1": k, "c1": n, "c2": n * k}
+
+
+def _relative_nnls(columns: dict[str, np.ndarray], terms: tuple[str, ...], t: np.ndarray):
+    """Non-negative least squares of ``sum_a coef_a columns[a] ~ t`` on relative residuals, exact:
+    the optimum is the unconstrained fit on its active set, so every set is tried.
+    Returns ``(sse, active terms, their coefficients, the relative design)``."""
+    best = None
+    for size in range(len(terms), 0, -1):
+        for active in itertools.combinations(terms, size):
+            x = np.stack([columns[a] for a in active], axis=1) / t[:, None]
+            coef, *_ = np.linalg.lstsq(x, np.ones_like(t), rcond=None)
+            if np.any(coef < 0):
+                continue
+            sse = float(np.sum((x @ coef - 1.0) ** 2))
+            if best is None or sse < best[0] - 1e-15:
+                best = (sse, active, coef, x)
+    return best
 
 
 def cost_from_coef(coef: dict, overheads: dict | None = None) -> LatencyCost:
@@ -108,19 +128,7 @@ def fit_latency_cost(n_params, tokens, seconds, *, form: str = "full") -> Latenc
         raise ValueError(f"the {form} form needs at least 2 distinct token counts, got {len(np.unique(k))}")
     if t.size <= len(terms):
         raise ValueError(f"{t.size} rows cannot fit the {form} form's {len(terms)} coefficients")
-    columns = _design(n, k)
-    best = None
-    # Exact non-negative least squares: the optimum is the unconstrained fit on its active set.
-    for size in range(len(terms), 0, -1):
-        for active in itertools.combinations(terms, size):
-            x = np.stack([columns[a] for a in active], axis=1) / t[:, None]  # relative residuals
-            coef, *_ = np.linalg.lstsq(x, np.ones_like(t), rcond=None)
-            if np.any(coef < 0):
-                continue
-            sse = float(np.sum((x @ coef - 1.0) ** 2))
-            if best is None or sse < best[0] - 1e-15:
-                best = (sse, active, coef, x)
-    sse, active, coef, x = best
+    sse, active, coef, x = _relative_nnls(_design(n, k), terms, t)
     dof = max(t.size - len(active), 1)
     covariance = (sse / dof) * np.linalg.pinv(x.T @ x)
     values = {a: 0.0 for a in _TERMS}
@@ -185,12 +193,22 @@ def fit_loop_overheads(fit: LatencyFit, *, alone_m, alone_seconds, iteration_n, 
     (non-negative least squares on relative residuals for the iteration terms, the median
     residual for the alone term) and folded into the returned fit's cost.
     """
+    overheads = _loop_overheads(lambda n, k: predict_seconds(fit, n, k), alone_m=alone_m, alone_seconds=alone_seconds,
+                                iteration_n=iteration_n, iteration_m=iteration_m, iteration_gamma=iteration_gamma,
+                                iteration_seconds=iteration_seconds)
+    return fit._replace(cost=cost_from_coef(fit.coef, overheads), overheads=overheads)
+
+
+def _loop_overheads(predict: Callable, *, alone_m, alone_seconds, iteration_n, iteration_m, iteration_gamma,
+                    iteration_seconds) -> dict:
+    """``{iteration, draft_step, alone}`` seconds beyond the calls ``predict(n, k)`` says (see
+    :func:`fit_loop_overheads`)."""
     m_a, s_a = (np.asarray(v, np.float64).ravel() for v in (alone_m, alone_seconds))
     n_i, m_i, g_i, s_i = (np.asarray(v, np.float64).ravel() for v in (iteration_n, iteration_m, iteration_gamma,
                                                                       iteration_seconds))
     if m_a.size < 1 or n_i.size < 3 or len(np.unique(g_i)) < 2:
         raise ValueError("loop overheads need target-alone timings and iteration timings at two or more lookaheads")
-    calls = g_i * predict_seconds(fit, n_i, 1.0) + predict_seconds(fit, m_i, g_i + 1.0)
+    calls = g_i * predict(n_i, 1.0) + predict(m_i, g_i + 1.0)
     x = np.stack([np.ones_like(g_i), g_i], axis=1) / s_i[:, None]
     y = 1.0 - calls / s_i
     best = None
@@ -204,9 +222,8 @@ def fit_loop_overheads(fit: LatencyFit, *, alone_m, alone_seconds, iteration_n, 
         sse = float(np.sum((x @ coef - y) ** 2))
         if best is None or sse < best[0]:
             best = (sse, coef)
-    alone = float(max(np.median(s_a - predict_seconds(fit, m_a, 1.0)), 0.0))
-    overheads = dict(iteration=float(best[1][0]), draft_step=float(best[1][1]), alone=alone)
-    return fit._replace(cost=cost_from_coef(fit.coef, overheads), overheads=overheads)
+    alone = float(max(np.median(s_a - predict(m_a, 1.0)), 0.0))
+    return dict(iteration=float(best[1][0]), draft_step=float(best[1][1]), alone=alone)
 
 
 def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tokens=HELD_OUT_TOKENS) -> LatencyFit:
@@ -230,3 +247,92 @@ def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tok
                                  iteration_n=iteration.n_draft, iteration_m=iteration.n_params,
                                  iteration_gamma=iteration.gamma, iteration_seconds=iteration.seconds_median)
     return fit
+
+
+class MeasuredLatency(NamedTuple):
+    """Seconds from each timed model's OWN calls, not from a law in N: a cost model.
+
+    Model j's calls give a line ``t_j(k) = fixed_j + per_position_j k`` (non-negative least
+    squares on relative residuals over its timed k); between timed sizes both coefficients are
+    interpolated linearly in log N (held flat beyond the smallest and the largest). A draft step
+    is ``t(N, 1)`` plus ``draft_step_overhead``, a verification ``t(M, k)`` plus ``iteration``,
+    a target-alone token ``t(M, 1)`` plus ``alone`` (the decoding loops' own overheads,
+    :func:`fit_loop_overheads`). Affine in gamma, so the Lambert-W closed form applies.
+
+    Where a call's time follows the model's shape more than its size (layers, width: what a
+    CPU's per-layer dispatch does), the law ``t(N, k)`` of :func:`fit_latency_cost` cannot follow
+    it and this table can: use it to choose among drafts that were timed, the law to reach sizes
+    that were not.
+    """
+
+    log_n: ArrayLike
+    fixed: ArrayLike
+    per_position: ArrayLike
+    iteration: ArrayLike = 0.0
+    draft_step_overhead: ArrayLike = 0.0
+    alone: ArrayLike = 0.0
+
+    def _line(self, n):
+        log_n = jnp.log(jnp.asarray(n, jnp.float64))
+        return (jnp.interp(log_n, jnp.asarray(self.log_n), jnp.asarray(self.fixed)),
+                jnp.interp(log_n, jnp.asarray(self.log_n), jnp.asarray(self.per_position)))
+
+    def calls(self, n, k):
+        """Seconds of one call of the N-parameter model reading k positions (no loop overhead)."""
+        a, b = self._line(n)
+        return a + b * k
+
+    def draft_step(self, n):
+        return self.calls(n, 1.0) + self.draft_step_overhead
+
+    def verification(self, m, k):
+        return self.calls(m, k) + self.iteration
+
+    def target_alone(self, m):
+        return self.calls(m, 1.0) + self.alone
+
+    def affine(self, n, m):
+        a_n, b_n = self._line(n)
+        a_m, b_m = self._line(m)
+        return a_n + b_n + self.draft_step_overhead + b_m, a_m + b_m + self.iteration
+
+
+def fit_measured_latency(table, *, batch: int = 1) -> MeasuredLatency:
+    """The per-model latency table of a ``sdsl-latency v1`` table's calls at ``batch``
+    (:class:`MeasuredLatency`), with the loop overheads when the table has loop rows.
+
+    Raises:
+      ValueError: no call rows at ``batch``, a model timed at fewer than two token counts, or
+        two timed models of the same size.
+    """
+    calls = table.of_kind("call")
+    calls = calls.select(calls.batch == batch)
+    if len(calls) == 0:
+        raise ValueError(f"no call rows at batch {batch} (batches: {sorted({int(b) for b in table.batch})})")
+    sizes, fixed, per_position = [], [], []
+    for name in dict.fromkeys(calls.model):
+        rows = np.flatnonzero(np.asarray(calls.model) == name)
+        n = np.unique(calls.n_params[rows])
+        k, t = calls.tokens[rows], calls.seconds_median[rows]
+        if len(np.unique(k)) < 2:
+            raise ValueError(f"model {name!r}: timed at {len(np.unique(k))} token count(s); a line needs 2")
+        if len(n) != 1:
+            raise ValueError(f"model {name!r}: rows of {len(n)} different sizes")
+        _, active, coef, _ = _relative_nnls({"fixed": np.ones_like(k), "per_position": k}, ("fixed", "per_position"), t)
+        line = dict(zip(active, coef))
+        sizes.append(float(n[0]))
+        fixed.append(float(line.get("fixed", 0.0)))
+        per_position.append(float(line.get("per_position", 0.0)))
+    order = np.argsort(sizes)
+    log_n = np.log(np.asarray(sizes))[order]
+    if np.any(np.diff(log_n) == 0):
+        raise ValueError("two timed models have the same size: the table cannot tell them apart by N")
+    cost = MeasuredLatency(log_n, np.asarray(fixed)[order], np.asarray(per_position)[order])
+    alone, iteration = table.of_kind("alone"), table.of_kind("iteration")
+    if len(alone) and len(iteration):
+        o = _loop_overheads(lambda n, k: np.asarray(cost.calls(n, k)), alone_m=alone.n_params,
+                            alone_seconds=alone.seconds_median, iteration_n=iteration.n_draft,
+                            iteration_m=iteration.n_params, iteration_gamma=iteration.gamma,
+                            iteration_seconds=iteration.seconds_median)
+        cost = cost._replace(iteration=o["iteration"], draft_step_overhead=o["draft_step"], alone=o["alone"])
+    return cost

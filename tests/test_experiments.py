@@ -304,6 +304,10 @@ def test_wallclock_closure_on_the_micro_ladder(micro_ladder, tmp_path):
         best = max(r["measured_speedup"] for r in mine)
         assert target["measured_fastest"]["speedup"] == best and 0 <= target["regret"] <= 1
         assert 0 <= target["p_measured_fastest"] <= 1
+        # The per-model table's choice is a measured run of this target, scored the same way.
+        chosen = target["per_model"]
+        assert any(r["draft"] == chosen["draft"] and r["gamma"] == chosen["gamma"] for r in mine)
+        assert chosen["picked_measured_fastest"] == (chosen["regret"] == 0.0) and 0 <= chosen["regret"] <= 1
     assert (tmp_path / "closure" / "wallclock.png").exists()
     overheads = record["loop_overheads"]  # the loops were timed: their overheads are in the model
     assert set(overheads) == {"iteration", "draft_step", "alone"} and all(v >= 0 for v in overheads.values())

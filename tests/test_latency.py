@@ -174,3 +174,78 @@ def test_loop_overheads_are_recovered_and_enter_the_cost():
         assert float(g[i] * cost.draft_step(n[i]) + cost.verification(m[i], g[i] + 1)) == pytest.approx(iteration[i])
     assert float(target_alone_cost(cost, 1.2e6)) == pytest.approx(alone[1])
     assert cost_from_coef(fit.coef).alone_offset == 0.0
+
+
+def _per_model_table(tmp_path, lines, loops=None):
+    """A latency table whose model j's calls follow the line fixed_j + per_position_j k exactly."""
+    rows = ["model,n_params,batch,tokens,seconds_median,kind,n_draft,gamma"]
+    for j, (n, a, b) in enumerate(lines):
+        rows += [f"s{j},{n!r},1,{k},{a + b * k!r},call,," for k in range(1, 13)]
+    for kind, n, m, g, t in loops or ():
+        tokens = 1 if g is None else g + 1  # an iteration row verifies gamma + 1 positions
+        rows.append(f"{kind},{m!r},1,{tokens},{t!r},{kind},{'' if n is None else repr(n)},{'' if g is None else g}")
+    path = tmp_path / "latency.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return load_latency(path)
+
+
+LINES = [(2.5e4, 40e-6, 2.6e-6), (1.2e5, 90e-6, 9.8e-6), (4.8e5, 280e-6, 25e-6), (1.2e6, 590e-6, 56e-6)]
+
+
+def test_per_model_table_follows_each_models_calls_where_a_law_in_n_cannot(tmp_path):
+    from sdsl_jax.latency import fit_measured_latency
+
+    table = _per_model_table(tmp_path, LINES)
+    cost = fit_measured_latency(table)
+    for n, a, b in LINES:
+        for k in (1.0, 5.0, 12.0):
+            assert float(cost.calls(n, k)) == pytest.approx(a + b * k, rel=1e-9)
+    # Between timed sizes: linear in log N, so the geometric mean of two sizes sits half-way.
+    mid = np.sqrt(LINES[0][0] * LINES[1][0])
+    assert float(cost.calls(mid, 1.0)) == pytest.approx(0.5 * (LINES[0][1] + LINES[0][2] + LINES[1][1] + LINES[1][2]))
+    # The law t(N, k) of the same table misses some model by more than 10%: the per-model table is needed.
+    calls = table.of_kind("call")
+    law = fit_latency_cost(calls.n_params, calls.tokens, calls.seconds_median)
+    assert np.max(np.abs(predict_seconds(law, calls.n_params, calls.tokens) / calls.seconds_median - 1)) > 0.1
+
+
+def test_per_model_table_is_affine_and_its_gamma_star_matches_brute_force(tmp_path):
+    from sdsl_jax.latency import fit_measured_latency
+
+    cost = fit_measured_latency(_per_model_table(tmp_path, LINES))
+    n, m, alpha = 2.5e4, 1.2e6, 0.75
+    slope, intercept = cost.affine(n, m)
+    for g in (1.0, 3.0, 7.5):
+        direct = g * cost.draft_step(n) + cost.verification(m, g + 1)
+        assert float(slope * g + intercept) == pytest.approx(float(direct), rel=1e-12)
+    best = best_lookahead(cost, alpha, n, m)
+    grid = np.linspace(0.01, 40, 40001)
+    brute = np.asarray(throughput_under(cost, alpha, grid, n, m))
+    assert float(best.gamma) == pytest.approx(grid[np.nanargmax(brute)], abs=2e-3)
+
+
+def test_per_model_table_takes_the_loop_overheads(tmp_path):
+    from sdsl_jax.latency import fit_measured_latency
+
+    true = dict(iteration=40e-6, draft_step=5e-6, alone=25e-6)
+    line = {n: (a, b) for n, a, b in LINES}
+    loops = []
+    for n, m, g in [(2.5e4, 4.8e5, 1), (2.5e4, 4.8e5, 4), (1.2e5, 1.2e6, 1), (1.2e5, 1.2e6, 4), (2.5e4, 1.2e6, 4)]:
+        calls = g * sum(line[n]) + line[m][0] + line[m][1] * (g + 1)
+        loops.append(("iteration", n, m, g, calls + true["iteration"] + true["draft_step"] * g))
+    for m in (4.8e5, 1.2e6):
+        loops.append(("alone", None, m, None, sum(line[m]) + true["alone"]))
+    cost = fit_measured_latency(_per_model_table(tmp_path, LINES, loops))
+    assert float(cost.iteration) == pytest.approx(true["iteration"], rel=1e-6)
+    assert float(cost.draft_step_overhead) == pytest.approx(true["draft_step"], rel=1e-6)
+    assert float(target_alone_cost(cost, 1.2e6)) == pytest.approx(sum(line[1.2e6]) + true["alone"], rel=1e-9)
+
+
+def test_per_model_table_refuses_a_model_timed_at_one_token_count(tmp_path):
+    from sdsl_jax.latency import fit_measured_latency
+
+    path = tmp_path / "latency.csv"
+    path.write_text("model,n_params,batch,tokens,seconds_median\nbig,1e6,1,1,1e-4\nsmall,1e5,1,1,5e-5\n"
+                    "small,1e5,1,2,6e-5\n")
+    with pytest.raises(ValueError, match="model 'big': timed at 1 token count"):
+        fit_measured_latency(load_latency(path))
