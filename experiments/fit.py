@@ -452,7 +452,8 @@ def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cos
     """Fit every other identifiable form, weight all by stacking, put the mixture's bands in ``result``.
 
     Returns ``(result with the mixture's bands, summary entry)``; each form's stages and
-    posteriors are kept in ``--out/forms/<name>/``.
+    loss-law posteriors are kept in ``--out/forms/<name>/``; the acceptance posterior, which does not
+    depend on the form, is sampled once and shared.
     """
     from sdsl_jax import pipeline
     from sdsl_jax.fitting import IdentifiabilityError
@@ -478,7 +479,8 @@ def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cos
                 acceptance_model=acceptance_model, cost=cost, posterior=True, num_chains=args.chains,
                 num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, stages=stages,
                 predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
-                log=lambda _: None)
+                # The acceptance posterior does not depend on the loss law's form: sampled once.
+                plane_run=result.posterior.plane_run, log=lambda _: None)
     weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()},
                                         families={k: r.point.family for k, r in results.items()})
     for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,

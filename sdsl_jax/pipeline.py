@@ -284,6 +284,7 @@ def sample_posterior(
     plane_seed: int | None = None,
     run_effects: bool | None = None,
     model_effects: bool | None = None,
+    plane_run: bayes.PosteriorRun | None = None,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
@@ -297,7 +298,9 @@ def sample_posterior(
     model with a random effect per draft and per target model
     (:func:`sdsl_jax.bayes.model_effects_plane_model_for`; models from
     :meth:`AcceptanceMeasurements.model_index`); None uses it when some model is in two or more
-    pairs. With ``stages``, each finished run
+    pairs. ``plane_run``: an acceptance posterior of the same data and model to reuse instead of
+    sampling one (it does not depend on the loss law: forms compared side by side share it). With
+    ``stages``, each finished run
     is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
@@ -318,8 +321,13 @@ def sample_posterior(
     identified = bayes.identification(law_run.samples, point.family, seed=seed)
     for flag in identified.flags:
         log(f"posterior: loss law {flag}")
-    plane_run, planes = None, point.plane
-    if acceptance is not None:
+    planes = point.plane
+    if acceptance is None:
+        plane_run = None
+    elif plane_run is not None:
+        diagnostics["plane"] = plane_run.diagnostics
+        planes = bayes.planes_from_posterior(plane_run.samples, point.acceptance_model)
+    else:
         if model_effects is None:
             model_effects = acceptance.has_repeated_models()
         groups = {}
@@ -791,6 +799,7 @@ def run(
     predictive: bool = True,
     run_effects: bool | None = None,
     model_effects: bool | None = None,
+    plane_run: bayes.PosteriorRun | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -816,6 +825,7 @@ def run(
         :func:`sample_posterior`).
       model_effects: per-draft and per-target model effects in the acceptance model (None: where
         identified; see :func:`sample_posterior`).
+      plane_run: an acceptance posterior to reuse (see :func:`sample_posterior`).
       num_chains, num_warmup, num_samples, seed: NUTS settings.
       starts: loss-law multi-start grid (default the family's).
       stages: a :class:`StageStore` for resumable runs.
@@ -843,7 +853,7 @@ def run(
             f"{num_chains} chains x ({num_warmup} warm-up + {num_samples} draws)")
         post = sample_posterior(runs, acceptance, point, num_chains=num_chains, num_warmup=num_warmup,
                                 num_samples=num_samples, seed=seed, run_effects=run_effects,
-                                model_effects=model_effects,
+                                model_effects=model_effects, plane_run=plane_run,
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None

@@ -165,7 +165,13 @@ def test_importing_the_clis_changes_no_global_jax_state():
 
 def test_committed_speculative_runs_follow_their_schema():
     runs = load_speculative(os.path.join(REPO, "fits", "ladder", "speculative.csv"))
-    assert len(runs) == 84 and set(runs.gamma) == {1, 2, 4, 6}
+    assert len(runs) == 126 and set(runs.gamma) == {1, 2, 4, 6, 8, 10}
+    # Per-prompt counts (the closure's bootstrap over prompts) add up to each row's totals.
+    for i in range(len(runs)):
+        iterations = [int(v) for v in runs.iterations_per_prompt[i].split(";")]
+        accepted = [int(v) for v in runs.accepted_per_prompt[i].split(";")]
+        assert len(iterations) == len(accepted) == runs.prompts[i]
+        assert sum(iterations) == runs.iterations[i] and sum(accepted) == runs.accepted[i]
     # The MLE recomputed from the histograms (accepted counts per iteration) is the stored one.
     for i in range(len(runs)):
         counts = np.array([int(c) for c in runs.histogram[i].split(";")])

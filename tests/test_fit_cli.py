@@ -131,10 +131,17 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     stacking = summary["stacking"]
     assert stacking["forms"] == ["chinchilla", "kaplan"] and abs(sum(stacking["weights"]) - 1) < 1e-6
     assert summary["settings"]["run_effects"] is True and summary["settings"]["bands"] == "posterior-predictive"
-    assert {"sigma", "run_sd", "run_slope_sd", "alpha_sigma"} <= summary["posterior"]["residuals"].keys()
+    # The ladder's pairs share draft and target models: the acceptance posterior has their effects.
+    assert summary["settings"]["model_effects"] is True
+    assert {"sigma", "run_sd", "run_slope_sd", "alpha_sigma", "alpha_draft_sd", "alpha_target_sd"} <= \
+        summary["posterior"]["residuals"].keys()
     for t in summary["targets"]:
         assert t["n_star_lo90"] <= t["n_star_median"] <= t["n_star_hi90"]
-    assert all((out / "forms" / f / "stages").is_dir() for f in stacking["forms"] if f != "chinchilla")
+    others = [f for f in stacking["forms"] if f != "chinchilla"]
+    assert all((out / "forms" / f / "stages").is_dir() for f in others)
+    # One acceptance posterior for every form (it does not depend on the loss law): sampled once.
+    assert (out / "plane_posterior.nc").exists()
+    assert not any((out / "forms" / f / "plane_posterior.nc").exists() for f in others)
 
 
 SHIPPED = os.path.join(REPO, "fits", "data", "chinchilla_fig4.csv")
