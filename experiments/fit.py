@@ -276,10 +276,10 @@ def run(args) -> int:
                        starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed)
     if family.name != "chinchilla" or acceptance_model.name != "plane":  # keeps earlier runs' stages valid
         fingerprint.update(law=family.name, acceptance_model=acceptance_model.name)
-    run_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
+    # One flag for both kinds of grouped effects; None: each where its data identify it.
+    run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:
         run_effects = False  # the dataset's rows are separate runs (datasets.py)
-    model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if args.posterior:
         uses_runs = pipeline.has_repeated_runs(runs) if run_effects is None else run_effects
         fingerprint.update(run_effects=uses_runs)

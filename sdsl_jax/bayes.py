@@ -397,6 +397,14 @@ def _unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str
     return out
 
 
+def _group_index(index: ArrayLike, shape: tuple, message: str) -> np.ndarray:
+    """A random effect's group of each row, checked: one non-negative integer per row (else ``message``)."""
+    index = np.asarray(index)
+    if index.shape != shape or not np.issubdtype(index.dtype, np.integer) or index.min(initial=0) < 0:
+        raise ValueError(message)
+    return index
+
+
 def sample_loss_law(
     n_params: ArrayLike,
     n_tokens: ArrayLike,
@@ -430,9 +438,8 @@ def sample_loss_law(
     scale = max(np.median(np.abs(residual)) * 1.4826, 1e-4)
     centre.update(sigma=float(np.log(scale)), nu=float(np.log(5.0)))
     if run is not None:
-        run = np.asarray(run)
-        if run.shape != np.shape(loss) or not np.issubdtype(run.dtype, np.integer) or run.min(initial=0) < 0:
-            raise ValueError("run must hold one non-negative integer per row (PretrainingRuns.run_index())")
+        run = _group_index(run, np.shape(loss), "run must hold one non-negative integer per row "
+                                                "(PretrainingRuns.run_index())")
     model, args = _loss_law_model(family, log_n, log_d, run)
     args = (*args, log_loss)
     if run is not None:
@@ -567,10 +574,8 @@ def sample_plane(
     if draft is not None:
         groups = []
         for name, index in (("draft", draft), ("target", target)):
-            index = np.asarray(index)
-            if index.shape != np.shape(alpha) or not np.issubdtype(index.dtype, np.integer) or index.min(initial=0) < 0:
-                raise ValueError(f"{name} must hold one non-negative integer per pair "
-                                 "(AcceptanceMeasurements.model_index())")
+            index = _group_index(index, np.shape(alpha), f"{name} must hold one non-negative integer per pair "
+                                                         "(AcceptanceMeasurements.model_index())")
             groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
         args = (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
         numpyro_model, var_names, dense = model_effects_plane_model_for(model), PLANE_SITES + MODEL_EFFECT_SITES, True
