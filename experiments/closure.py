@@ -17,6 +17,11 @@ and with ``--posterior`` their NUTS posteriors. Then for every target of ``specu
 * predicted vs measured alpha (the plane's alpha against the MLE from the speculative runs) and
   T* at the measured-best draft.
 
+With ``--stack`` every loss-law form and acceptance model is fitted and the forms are weighted
+by Bayesian stacking (:func:`fit_forms`); P(best), the T bands and the predicted best are then the
+stacked mixture's, and with ``--prospective`` each fit without a draft size chooses its forms and
+weights again without it, so the forecast scored is the whole procedure's, form choice included.
+
 Writes ``closure.json``, ``closure.md`` (the table) and ``closure.png`` to ``--out``
 (``<data>/closure``).
 """
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import os
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -164,14 +171,182 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
     return out
 
 
+class Stages:
+    """Where the closure keeps each finished fit (``<out>/stages/``), for ``--resume``.
+
+    One :class:`sdsl_jax.pipeline.StageStore` per data set (all runs and pairs, or one size left
+    out) and form, keyed by the data's content, the form and the sampler's settings: an
+    interrupted closure loses at most the fit in flight.
+    """
+
+    def __init__(self, folder: str, *, resume: bool, settings: dict):
+        self.folder, self.resume, self.settings = folder, resume, settings
+
+    def store(self, runs, pairs, family, model):
+        from sdsl_jax import pipeline
+
+        content = hashlib.sha256(np.ascontiguousarray(np.concatenate(
+            [runs.n_params, runs.n_tokens, runs.loss, pairs.ppl_draft, pairs.ppl_target, pairs.alpha])).tobytes())
+        data = content.hexdigest()[:16]
+        return pipeline.StageStore(os.path.join(self.folder, data, f"{family.name}+{model.name}"), resume=self.resume,
+                                   inputs=dict(self.settings, data=data, law=family.name, model=model.name))
+
+
+class FormFit(NamedTuple):
+    """One form (loss law, acceptance model) fitted to one data set, with its stacking weight.
+
+    ``weight`` is the product of the law's and the acceptance model's stacking weights: the two
+    are fitted to different data (pre-training rows, acceptance pairs), so the stacking objective
+    over (law, model) combinations depends only on those two marginals, and the product is one of
+    its optima. ``draws``/``scales`` as :func:`sdsl_jax.pipeline.paired_draws` and
+    :func:`sdsl_jax.pipeline.predictive_scales` (``scales`` None: mean curve only); ``runs`` and
+    ``pairs`` the data of the fit (whose runs and models ``scales.known`` conditions on).
+    """
+
+    name: str
+    weight: float
+    point: Any
+    draws: tuple
+    scales: Any
+    runs: Any
+    pairs: Any
+
+
+def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, warmup: int, draws: int,
+              propagate: int, seed: int, mean_only: bool = False, stages: Stages | None = None,
+              log=print) -> tuple[list[FormFit], dict]:
+    """Every (loss law, acceptance model) form fitted to ``runs``/``pairs`` and weighted by stacking.
+
+    Each law's posterior is sampled once and shared by the acceptance models, each acceptance
+    model's once and shared by the laws. Weights: Bayesian stacking of PSIS-LOO predictive
+    densities (:func:`sdsl_jax.pipeline.stacking_weights` over the laws on the pre-training rows,
+    :func:`sdsl_jax.pipeline.acceptance_stacking_weights` over the acceptance models on the
+    pairs), computed from these data only, so that a fit without a draft size also chooses its
+    forms without it. A law the data cannot identify is skipped. With ``stages`` each point fit and
+    posterior is kept when it ends and reused on ``--resume``. Returns the forms, highest
+    weight first, and a summary (weights and PSIS-LOO per law and per acceptance model, the forms'
+    weights, laws skipped, each posterior's diagnostics).
+    """
+    from sdsl_jax import pipeline
+    from sdsl_jax.fitting import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
+
+    skipped, points, law_runs, plane_runs, posts, diagnostics = {}, {}, {}, {}, {}, {}
+    for family in families:
+        try:
+            check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=family)
+        except IdentifiabilityError as err:
+            skipped[family.name] = err.problem
+            continue
+        starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[::starts_every]
+        store = None if stages is None else stages.store(runs, pairs, family, models[0])
+        base = pipeline.fit_point(runs, pairs, family=family, acceptance_model=models[0], starts=starts, stages=store)
+        for model in models:
+            point = base
+            if model is not models[0]:
+                fit = fit_acceptance_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha,
+                                           weights=pairs.regression_weights(), model=model)
+                point = base._replace(plane=type(fit.plane)(*(float(v) for v in fit.plane)), acceptance_model=model,
+                                      plane_r_squared=float(fit.r_squared))
+            post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup,
+                                             num_samples=draws, seed=seed, plane_seed=seed,
+                                             law_run=law_runs.get(family.name), plane_run=plane_runs.get(model.name),
+                                             stages=None if stages is None else stages.store(runs, pairs, family,
+                                                                                             model))
+            diagnostics[family.name] = post.law_run.diagnostics._asdict()
+            diagnostics[model.name] = post.plane_run.diagnostics._asdict()
+            law_runs.setdefault(family.name, post.law_run)
+            plane_runs.setdefault(model.name, post.plane_run)
+            points[family.name, model.name], posts[family.name, model.name] = point, post
+        log(f"  forms: {family.name} fitted with " + ", ".join(m.name for m in models))
+    if not points:
+        raise IdentifiabilityError(None, "no loss-law form is identified by these data (" + "; ".join(
+            f"{k}: {v}" for k, v in skipped.items()) + ")")
+    first_model = models[0].name
+    law_w = pipeline.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
+                                      families={f: points[f, first_model].family for f in law_runs})
+    acc_w = pipeline.acceptance_stacking_weights(pairs, plane_runs, models={m.name: m for m in models})
+    lw, aw = dict(zip(law_w.names, law_w.weights)), dict(zip(acc_w.names, acc_w.weights))
+    forms = []
+    for (f, m), post in posts.items():
+        weight = float(lw[f] * aw[m])
+        if int(round(weight * propagate)) == 0:
+            continue  # contributes no draw to the mixture
+        forms.append(FormFit(f"{f} + {m}", weight, points[f, m], pipeline.paired_draws(post, count=propagate,
+                                                                                        seed=seed),
+                             None if mean_only else pipeline.predictive_scales(post, count=propagate, seed=seed,
+                                                                              runs=runs, acceptance=pairs),
+                             runs, pairs))
+    forms.sort(key=lambda form: -form.weight)
+    summary = dict(method=law_w.method.split(";")[0], skipped=skipped,
+                   laws={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se), pareto_k_max=float(k))
+                         for n, w, e, se, k in zip(*law_w[:5])},
+                   acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
+                                              pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
+                   forms={form.name: form.weight for form in forms}, diagnostics=diagnostics)
+    return forms, summary
+
+
+def mixture_throughput(forms: list[FormFit], *, drafts, n, d, target: str, m: float, d_target: float,
+                       predictive: bool = True, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """T draws ``(draws, candidates)`` of the stacked mixture, and its point T per candidate.
+
+    Each form contributes ``round(weight x draws)`` of its own draws (a random subset, as
+    :func:`sdsl_jax.pipeline.mixture_bands` does), each conditioned on the runs and models of its
+    own data; the point T is the weight-averaged point T of the forms.
+    """
+    from sdsl_jax import pipeline
+
+    total = min(np.size(form.draws[0][0]) for form in forms)
+    columns, point_t, kept = [], np.zeros(len(n)), 0.0
+    for form in forms:
+        count = int(round(form.weight * total))
+        labels = candidate_labels(form.runs, form.pairs, drafts, n, d, target, m, d_target)
+        t = pipeline.throughput_draws(form.draws, n_drafts=n, d_drafts=d, m_target=m, d_target=d_target,
+                                      scales=form.scales if predictive else None, labels=labels, seed=seed)
+        idx = np.random.default_rng(seed).choice(t.shape[0], size=min(count, t.shape[0]), replace=False)
+        columns.append(t[np.sort(idx)])
+        point_t = point_t + form.weight * np.asarray(draft_throughput(
+            n, m, d_draft=d, d_target=d_target, loss=form.point.law, plane=form.point.plane))
+        kept += form.weight
+    return np.concatenate(columns), point_t / kept
+
+
+def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -> None:
+    """Replace the P(best), T bands and predicted best of ``records`` by the stacked mixture's.
+
+    N*, gamma*, alpha and the law's curve stay those of the highest-weight form (``lead_form``).
+    """
+    from sdsl_jax import pipeline
+
+    for r in records:
+        n, d = np.asarray(r["n_drafts"]), np.asarray(r["d_drafts"])
+        kw = dict(drafts=r["drafts"], n=n, d=d, target=r["target"], m=r["m_target"], d_target=r["d_target"],
+                  seed=seed)
+        t_draws, point_t = mixture_throughput(forms, **kw)
+        p_best, band = pipeline.best_draft_probabilities(t_draws)
+        r.update(p_best=p_best.tolist(), predicted_tokens_per_flop_band=band.tolist(),
+                 predicted_tokens_per_flop=point_t.tolist(), lead_form=forms[0].name)
+        if "p_best_mean_only" in r:
+            r["p_best_mean_only"] = pipeline.best_draft_probabilities(
+                mixture_throughput(forms, predictive=False, **kw)[0])[0].tolist()
+        best = int(np.nanargmax(point_t)) if np.isfinite(point_t).any() else None
+        measured = np.asarray(r["measured_tokens_per_flop"])
+        r["predicted_best"] = r["drafts"][best] if best is not None else None
+        r["measured_fraction_of_best"] = float(measured[best] / measured.max()) if best is not None else float("nan")
+
+
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
-                        draws: int, propagate: int, seed: int, log=print) -> dict[float, tuple]:
+                        draws: int, propagate: int, seed: int, stack: tuple | None = None,
+                        stages: Stages | None = None, log=print) -> dict[float, tuple | list[FormFit]]:
     """For each draft size, the law and the acceptance model fitted WITHOUT that size's models.
 
     The size's pre-training runs leave the loss-law fit and every acceptance pair with a model of
     that size (as draft or as target) leaves the acceptance fit: the prediction for a draft of
     that size is then prospective, as for a draft not yet trained. Returns
-    ``{size: (point, draws, scales, (runs, pairs))}`` (:mod:`sdsl_jax.pipeline`; the data it was fitted to).
+    ``{size: (point, draws, scales, (runs, pairs))}`` (:mod:`sdsl_jax.pipeline`; the data it was fitted to);
+    with ``stack = (families, models)``, ``{size: [FormFit, ...]}`` (:func:`fit_forms`: the forms
+    and their weights chosen without that size too). With ``stages``, finished fits are kept and
+    reused on ``--resume``.
     """
     from sdsl_jax import pipeline
 
@@ -181,10 +356,18 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
         kept = pairs.select((pairs.n_draft != size) & (pairs.n_target != size))
         log(f"prospective: {k}/{len(sizes)}: fitting without the {size:.4g}-parameter models "
             f"({len(train)} runs, {len(kept)} pairs)")
+        if stack is not None:
+            out[float(size)], weights = fit_forms(train, kept, families=stack[0], models=stack[1],
+                                                  starts_every=starts_every, chains=chains, warmup=warmup,
+                                                  draws=draws, propagate=propagate, seed=seed, stages=stages,
+                                                  log=log)
+            log("  weights: " + ", ".join(f"{name} {w:.2f}" for name, w in weights["forms"].items()))
+            continue
         starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
-        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts)
+        store = None if stages is None else stages.store(train, kept, family, model)
+        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts, stages=store)
         post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
-                                         num_samples=draws, seed=seed, plane_seed=seed)
+                                         num_samples=draws, seed=seed, plane_seed=seed, stages=store)
         out[float(size)] = (point, pipeline.paired_draws(post, count=propagate, seed=seed),
                             pipeline.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
                             (train, kept))
@@ -206,7 +389,14 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
         n, d = np.asarray(r["n_drafts"]), np.asarray(r["d_drafts"])
         columns, point_t = [], []
         for j, size in enumerate(n):
-            point, draws, scales, *data = fits[float(size)]  # data: (runs, pairs) of the fit, when known
+            fit = fits[float(size)]
+            if isinstance(fit, list):  # stacked forms, weighted without this size
+                t, t_point = mixture_throughput(fit, drafts=r["drafts"], n=n, d=d, target=r["target"],
+                                                m=r["m_target"], d_target=r["d_target"], seed=seed)
+                columns.append(t[:, j])
+                point_t.append(float(t_point[j]))
+                continue
+            point, draws, scales, *data = fit  # data: (runs, pairs) of the fit, when known
             labels = candidate_labels(*data[0], r["drafts"], n, d, r["target"], r["m_target"], r["d_target"]) \
                 if data else None
             t = pipeline.throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=r["m_target"],
@@ -313,8 +503,11 @@ def markdown_table(records: list[dict]) -> str:
             p_best = f"{r['p_best'][r['drafts'].index(r['predicted_best'])]:.2f} / {r['p_best'][i]:.2f}"
         band = (f"[{_fmt(r['n_star_band'][0])}, {_fmt(r['n_star_band'][2])}]" if "n_star_band" in r else "")
         n_star = _fmt(r["n_star"]) if np.isfinite(r["n_star"]) else f"none (status {r['n_star_status']})"
+        n_star += OUTSIDE_MARK if outside_band(r["n_star"], r.get("n_star_band")) else ""
         along = (_fmt(r["n_star_recipe"]) if np.isfinite(r["n_star_recipe"])
-                 else f"none (status {r['n_star_recipe_status']})") + f" (rho {r['recipe_tokens_per_param']:.0f})"
+                 else f"none (status {r['n_star_recipe_status']})")
+        along += (OUTSIDE_MARK if outside_band(r["n_star_recipe"], r.get("n_star_recipe_band")) else "") \
+            + f" (rho {r['recipe_tokens_per_param']:.0f})"
         if "n_star_recipe_band" in r:
             along += f" [{_fmt(r['n_star_recipe_band'][0])}, {_fmt(r['n_star_recipe_band'][2])}]"
         base = r["target_alone_tokens_per_flop"]
@@ -326,7 +519,23 @@ def markdown_table(records: list[dict]) -> str:
             f"{r['fastest_wallclock']} ({r['fastest_wallclock_gamma']}, x{r['fastest_wallclock_speedup']:.2f}) | "
             f"{r['predicted_alpha'][i]:.3f} / {r['measured_alpha_mle'][i]:.3f} | "
             f"x{r['predicted_tokens_per_flop'][i] / base:.2f} / x{r['measured_tokens_per_flop'][i] / base:.2f} |")
-    return "\n".join(lines) + "\n"
+    outside = sum(outside_band(r["n_star"], r.get("n_star_band"))
+                  + outside_band(r["n_star_recipe"], r.get("n_star_recipe_band")) for r in records)
+    note = (f"\n{OUTSIDE_MARK.strip()} {outside} point N* outside its own 90% band: the point fit sits where the data do "
+            "not pin the law down (a coefficient at a bound, or an N term the data do not identify: see the fit "
+            "CLI's identification flags); the band, which averages over what the data allow, is the answer to "
+            "read.\n") if outside else ""
+    return "\n".join(lines) + "\n" + note
+
+
+OUTSIDE_MARK = " (!)"
+
+
+def outside_band(value: float, band) -> bool:
+    """Whether a finite point lies outside a finite ``[lo, median, hi]`` band (False without one)."""
+    if band is None or not np.isfinite(value) or not np.all(np.isfinite([band[0], band[2]])):
+        return False
+    return not band[0] <= value <= band[2]
 
 
 def figure(records: list[dict], path: str) -> None:
@@ -379,6 +588,11 @@ def parse_args(argv):
     p.add_argument("--acceptance-model", choices=sorted(ACCEPTANCE_MODELS), default="plane",
                    help="acceptance model: " + ", ".join(ACCEPTANCE_MODELS) + " (plane)")
     p.add_argument("--posterior", action="store_true", help="NUTS posteriors: P(best draft) and bands")
+    p.add_argument("--stack", nargs="?", const="all", default=None, metavar="FORMS",
+                   help="with --posterior: fit every loss-law form and acceptance model (or the comma-separated FORMS, "
+                        "names of either kind; a kind not named keeps --law / --acceptance-model), weight them by "
+                        "Bayesian stacking (PSIS-LOO) and score the stacked mixture; with --prospective the forms "
+                        "and weights are chosen again without each left-out size")
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
@@ -391,17 +605,37 @@ def parse_args(argv):
     p.add_argument("--prospective", action="store_true",
                    help="with --posterior: also predict each draft with its own size left out of both fits (one "
                         "refit per draft size), scored like the in-sample P(best)")
+    p.add_argument("--resume", action="store_true",
+                   help="with --posterior: reuse the point fits and posteriors an interrupted run with the same data "
+                        "and settings kept in <out>/stages/ (every finished fit is kept there)")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
+
+
+def stacked_forms(args) -> tuple[list, list] | None:
+    """``--stack``'s (loss-law families, acceptance models); None without it."""
+    if args.stack is None:
+        return None
+    if not args.posterior:
+        raise ValueError("--stack weights the forms' posteriors: add --posterior")
+    names = list(FAMILIES) + list(ACCEPTANCE_MODELS) if args.stack == "all" else args.stack.split(",")
+    unknown = [n for n in names if n not in FAMILIES and n not in ACCEPTANCE_MODELS]
+    if unknown:
+        raise ValueError(f"--stack {args.stack}: unknown form(s) {', '.join(unknown)} (loss laws: "
+                         f"{', '.join(FAMILIES)}; acceptance models: {', '.join(ACCEPTANCE_MODELS)})")
+    families = [FAMILIES[n] for n in names if n in FAMILIES] or [FAMILIES[args.law]]
+    models = [ACCEPTANCE_MODELS[n] for n in names if n in ACCEPTANCE_MODELS] or [ACCEPTANCE_MODELS[args.acceptance_model]]
+    return families, models
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_jax()
-    return exit_on_interrupt(lambda: _close(args, argv), "the closure writes its files only when it ends, so nothing "
-                                                         "was changed; rerun the same command")
+    return exit_on_interrupt(lambda: _close(args, argv), "the closure writes its tables only when it ends; its "
+                                                         "finished fits are kept in <out>/stages/: rerun the same "
+                                                         "command with --resume to reuse them")
 
 
 def _close(args, argv) -> int:
@@ -418,21 +652,43 @@ def _close(args, argv) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        stack = stacked_forms(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = args.out or os.path.join(args.data, "closure")
     os.makedirs(out, exist_ok=True)
     family, model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
-    starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[:: args.starts]
-    point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts)
+    stages = Stages(os.path.join(out, "stages"), resume=args.resume, settings=dict(
+        seed=args.seed, chains=args.chains, warmup=args.warmup, draws=args.draws, starts=args.starts))
+    forms = stacking = None
+    if stack is not None:
+        log(f"stacking: fitting {len(stack[0])} loss-law form(s) x {len(stack[1])} acceptance model(s)")
+        forms, stacking = fit_forms(runs, pairs, families=stack[0], models=stack[1], starts_every=args.starts,
+                                    chains=args.chains, warmup=args.warmup, draws=args.draws,
+                                    propagate=args.propagate, seed=args.seed, mean_only=args.mean_only,
+                                    stages=stages, log=log)
+        log("stacking: weights " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items()))
+        point = forms[0].point
+        family, model = point.family, point.acceptance_model
+    else:
+        starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[:: args.starts]
+        point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts,
+                                   stages=stages.store(runs, pairs, family, model) if args.posterior else None)
     law, plane = point.law, point.plane
     log(f"loss law ({family.name}): " + " ".join(f"{k} {v:.4g}" for k, v in law._asdict().items())
         + f"; {model.name}: " + " ".join(f"{k} {v:.4g}" for k, v in plane._asdict().items())
         + f" R^2 {point.plane_r_squared:.3f} ({len(pairs)} pairs)")
     draws = scales = None
     diagnostics = {}
-    if args.posterior:
+    if forms is not None:
+        draws, scales, diagnostics = forms[0].draws, forms[0].scales, stacking["diagnostics"]
+    elif args.posterior:
         # One seed for both posteriors: what the committed closure used.
         post = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
-                                         num_samples=args.draws, seed=args.seed, plane_seed=args.seed)
+                                         num_samples=args.draws, seed=args.seed, plane_seed=args.seed,
+                                         stages=stages.store(runs, pairs, family, model))
         diagnostics = {k: v._asdict() for k, v in post.diagnostics.items()}
         draws = pipeline.paired_draws(post, count=args.propagate, seed=args.seed)
         scales = None if args.mean_only else pipeline.predictive_scales(post, count=args.propagate, seed=args.seed,
@@ -441,13 +697,16 @@ def _close(args, argv) -> int:
             f"{post.diagnostics['plane'].max_rhat:.3f}")
     records = close_loop(speculative, point, draws=draws, scales=scales, perplexities=measured_perplexities(pairs),
                          seed=args.seed, runs=runs, pairs=pairs)
+    if forms is not None:
+        stack_records(records, forms, seed=args.seed)
     prospective_skipped = None
     if args.prospective and draws is not None:
         sizes = sorted({float(v) for v in speculative.n_draft})
         try:
             fits = leave_size_out_fits(runs, pairs, sizes, family=family, model=model, starts_every=args.starts,
                                        chains=args.chains, warmup=args.warmup, draws=args.draws,
-                                       propagate=args.propagate, seed=args.seed, log=log)
+                                       propagate=args.propagate, seed=args.seed, stack=stack, stages=stages,
+                                       log=log)
         except DataError as err:  # too few sizes: without one of them the rest cannot identify the law
             prospective_skipped = f"without one draft size the data cannot identify the models: {err.problem}"
             log(f"prospective: skipped ({prospective_skipped})")
@@ -483,13 +742,22 @@ def _close(args, argv) -> int:
             + f". Log score {s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} "
               f"(uniform {s['uniform_brier']:.3f}), measured best in the 90% credible set for "
               f"{s['measured_best_in_90_credible_set']} of {s['targets']}.\n")
+    if stacking is not None:
+        table += ("\nStacked forms (" + stacking["method"] + "; loss laws on the pre-training rows, acceptance models "
+                  "on the pairs): " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items())
+                  + (" (the rest below one draw in " + str(args.propagate) + ")" if len(stacking["forms"]) <
+                     len(stacking["laws"]) * len(stacking["acceptance_models"]) else "")
+                  + ". P(best), the T bands and the predicted best are the mixture's; N*, alpha and the curve are "
+                  f"the highest-weight form's ({forms[0].name})."
+                  + (" Prospective: forms and weights chosen again by each fit without a size." if "prospective"
+                     in scores else "") + "\n")
     print(table)
     write_text(os.path.join(out, "closure.md"), table)
     write_json(os.path.join(out, "closure.json"), dict(
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
         versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
-        law_family=family.name, acceptance_model=model.name,
+        law_family=family.name, acceptance_model=model.name, stacking=stacking,
         loss_law={k: float(v) for k, v in law._asdict().items()},
         plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=diagnostics, forecast_scores=scores if draws is not None else None,

@@ -61,6 +61,7 @@ __all__ = [
     "new_run_offsets",
     "new_run_effect",
     "pointwise_log_likelihood",
+    "acceptance_pointwise_log_likelihood",
     "sample_plane",
     "check_diagnostics",
     "laws_from_posterior",
@@ -608,26 +609,53 @@ def sample_plane(
     sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
     centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
                   sigma=float(np.log(max(sigma0, 1e-4))))
-    if (draft is None) != (target is None):
-        raise ValueError("give both draft and target (one integer model per pair), or neither")
-    numpyro_model, args, var_names, dense = plane_model_for(model), (x, y, w), PLANE_SITES, False
+    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    var_names, dense = PLANE_SITES, False
     if draft is not None:
-        groups = []
-        for name, index in (("draft", draft), ("target", target)):
-            index = _group_index(index, np.shape(alpha), f"{name} must hold one non-negative integer per pair "
-                                                         "(AcceptanceMeasurements.model_index())")
-            groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
-        args = (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
-        numpyro_model, var_names, dense = model_effects_plane_model_for(model), PLANE_SITES + MODEL_EFFECT_SITES, True
+        var_names, dense = PLANE_SITES + MODEL_EFFECT_SITES, True
         # The residual variance split evenly between pairs, drafts and targets; the z start at zero.
         third = float(np.log(max(sigma0, 1e-4) / np.sqrt(3)))
         centre.update(sigma=third, draft_sd=third, target_sd=third,
-                      draft_z=np.zeros(groups[0][1].shape[0]), target_z=np.zeros(groups[1][1].shape[0]))
+                      draft_z=np.zeros(args[4].shape[0]), target_z=np.zeros(args[6].shape[0]))
     return _run_nuts(numpyro_model, (*args, a), init_params=_jittered(centre, num_chains, seed, 0.05),
                      var_names=var_names, num_chains=num_chains, num_warmup=num_warmup,
                      num_samples=num_samples, seed=seed, progress_bar=progress_bar,
                      target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
                      summarize=summarize, dense_mass=dense)
+
+
+def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:
+    """The acceptance model's NumPyro model and its arguments before ``alpha``: independent pairs,
+    or per-draft and per-target model effects."""
+    if (draft is None) != (target is None):
+        raise ValueError("give both draft and target (one integer model per pair), or neither")
+    if draft is None:
+        return plane_model_for(model), (x, y, w)
+    groups = []
+    for name, index in (("draft", draft), ("target", target)):
+        index = _group_index(index, shape, f"{name} must hold one non-negative integer per pair "
+                                           "(AcceptanceMeasurements.model_index())")
+        groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
+    return model_effects_plane_model_for(model), (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
+
+
+def acceptance_pointwise_log_likelihood(samples: dict[str, np.ndarray], model: AcceptanceModel, ppl_draft: ArrayLike,
+                                        ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None,
+                                        draft: ArrayLike | None = None,
+                                        target: ArrayLike | None = None) -> np.ndarray:
+    """log p(alpha_i | draw) for every posterior draw and pair, shape ``(draws, pairs)``.
+
+    The model is the one :func:`sample_plane` sampled (with per-model effects when ``draft`` and
+    ``target`` are given, each pair then conditioned on its models' effects). Input of PSIS-LOO
+    and stacking over acceptance models, as :func:`pointwise_log_likelihood` is for loss laws.
+    """
+    x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
+    w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
+    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    sites = {k: jnp.asarray(v) for k, v in samples.items() if k not in ("A", "B", "C")}
+    with jax.numpy_dtype_promotion("standard"):
+        ll = numpyro.infer.log_likelihood(numpyro_model, sites, *args, alpha=a)["alpha_obs"]
+    return np.asarray(ll)
 
 
 def laws_from_posterior(samples: dict[str, np.ndarray], family: LossLawFamily = CHINCHILLA):

@@ -63,6 +63,7 @@ __all__ = [
     "run",
     "FormWeights",
     "stacking_weights",
+    "acceptance_stacking_weights",
     "mixture_bands",
 ]
 
@@ -285,6 +286,7 @@ def sample_posterior(
     run_effects: bool | None = None,
     model_effects: bool | None = None,
     plane_run: bayes.PosteriorRun | None = None,
+    law_run: bayes.PosteriorRun | None = None,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
@@ -299,8 +301,9 @@ def sample_posterior(
     (:func:`sdsl_jax.bayes.model_effects_plane_model_for`; models from
     :meth:`AcceptanceMeasurements.model_index`); None uses it when some model is in two or more
     pairs. ``plane_run``: an acceptance posterior of the same data and model to reuse instead of
-    sampling one (it does not depend on the loss law: forms compared side by side share it). With
-    ``stages``, each finished run
+    sampling one (it does not depend on the loss law: forms compared side by side share it);
+    ``law_run`` likewise a loss-law posterior of the same data and family (acceptance models
+    compared side by side share it). With ``stages``, each finished run
     is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
@@ -313,7 +316,12 @@ def sample_posterior(
         return bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=point.law, family=point.family,
                                      seed=seed, run=run, **kw)
 
-    law_run, reused = stages.posterior("loss_law_posterior", law_sample) if stages else (law_sample(), False)
+    if law_run is not None:
+        reused = False
+    elif stages:
+        law_run, reused = stages.posterior("loss_law_posterior", law_sample)
+    else:
+        law_run, reused = law_sample(), False
     if reused:
         log("posterior: loss-law draws reused from an earlier run (--resume)")
     diagnostics = {"loss_law": law_run.diagnostics}
@@ -697,7 +705,7 @@ class FormWeights(NamedTuple):
     """Loss-law forms compared by PSIS-LOO and their Bayesian stacking weights.
 
     Attributes:
-      names: the forms (family names).
+      names: the forms (loss-law family or acceptance-model names).
       weights: stacking weights (sum to 1) [Yao, Vehtari, Simpson & Gelman 2018].
       elpd_loo, elpd_se: expected log predictive density by PSIS-LOO and its standard error.
       pareto_k_max: the largest Pareto k of each form's PSIS (above 0.7: LOO unreliable there).
@@ -728,27 +736,64 @@ def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior], *,
     from sdsl_jax.loss_laws import FAMILIES
 
     families = FAMILIES if families is None else families
-    idata = {}
-    k_max = {}
+    pointwise = {}
     for name, post in posteriors.items():
         samples = post.law_run.samples
         run = runs.run_index()[0] if "run_sd" in samples else None
-        ll = bayes.pointwise_log_likelihood(samples, families[name], runs.n_params, runs.n_tokens, runs.loss, run=run)
+        pointwise[name] = (bayes.pointwise_log_likelihood(samples, families[name], runs.n_params, runs.n_tokens,
+                                                          runs.loss, run=run), samples["sigma"])
+    return _stacked(pointwise, "rows")
+
+
+def acceptance_stacking_weights(acceptance: AcceptanceMeasurements, plane_runs: dict[str, bayes.PosteriorRun], *,
+                                models: dict[str, AcceptanceModel] | None = None) -> FormWeights:
+    """Stacking weights over acceptance models from their posteriors, as :func:`stacking_weights`.
+
+    ``plane_runs`` maps a model's name to its acceptance posterior (``Posterior.plane_run``);
+    with per-model effects each pair is scored conditionally on its models' effects (pairs left
+    out one at a time). ``models`` maps each name to its model (default ``ACCEPTANCE_MODELS``).
+    """
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+
+    models = ACCEPTANCE_MODELS if models is None else models
+    pointwise = {}
+    for name, run in plane_runs.items():
+        groups = {}
+        if "draft_sd" in run.samples:
+            draft, _, target, _ = acceptance.model_index()
+            groups = dict(draft=draft, target=target)
+        ll = bayes.acceptance_pointwise_log_likelihood(run.samples, models[name], acceptance.ppl_draft,
+                                                       acceptance.ppl_target, acceptance.alpha,
+                                                       weights=acceptance.regression_weights(), **groups)
+        pointwise[name] = (ll, run.samples["sigma"])
+    return _stacked(pointwise, "pairs")
+
+
+def _stacked(pointwise: dict[str, tuple[np.ndarray, np.ndarray]], rows: str) -> FormWeights:
+    """az.compare(method="stacking") over forms from ``{name: (log-likelihood (draws, rows), sigma draws)}``."""
+    idata, k_max = {}, {}
+    for name, (ll, sigma) in pointwise.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            idata[name] = bayes.az.from_dict(posterior={"sigma": np.asarray(samples["sigma"])[None]},
-                                             log_likelihood={"log_loss": ll[None]})
+            idata[name] = bayes.az.from_dict(posterior={"sigma": np.asarray(sigma)[None]},
+                                             log_likelihood={"obs": ll[None]})
             k_max[name] = float(np.max(bayes.az.loo(idata[name], pointwise=True).pareto_k))
+    names = tuple(pointwise)
+    if len(names) == 1:  # nothing to compare: az.compare needs two
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loo = bayes.az.loo(idata[names[0]])
+        return FormWeights(names, np.ones(1), np.array([float(loo.elpd_loo)]), np.array([float(loo.se)]),
+                           np.array([k_max[names[0]]]), "a single form (weight 1)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = bayes.az.compare(idata, ic="loo", method="stacking")
-    names = tuple(posteriors)
     return FormWeights(names, np.array([float(table.loc[n, "weight"]) for n in names]),
                        np.array([float(table.loc[n, "elpd_loo"]) for n in names]),
                        np.array([float(table.loc[n, "se"]) for n in names]),
                        np.array([k_max[n] for n in names]),
-                       "Bayesian stacking of PSIS-LOO predictive densities (az.compare, method='stacking'); rows left "
-                       "out one at a time")
+                       "Bayesian stacking of PSIS-LOO predictive densities (az.compare, method='stacking'); "
+                       f"{rows} left out one at a time")
 
 
 def mixture_bands(results: dict[str, PipelineResult], weights: FormWeights, *, m_grid: np.ndarray,

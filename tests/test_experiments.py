@@ -8,6 +8,7 @@ recomputations: budgets against standalone WSD runs, exact alpha against
 
 import csv
 import json
+import os
 
 import jax
 import numpy as np
@@ -206,14 +207,22 @@ def test_closure_compares_predicted_and_measured_best_drafts(micro_ladder, tmp_p
     assert "| target" in (tmp_path / "closure.md").read_text()
 
 
-def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path):
+def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monkeypatch):
     """Predictive P(best), its scores, the bootstrap over prompts; the prospective refits need more
     sizes than the micro ladder's three (without one, 4 runs cannot identify 5 coefficients), and
-    the closure says so instead of failing."""
+    the closure says so instead of failing.
+
+    With `--stack` (here over the two acceptance models): every form fitted and weighted, P(best)
+    the mixture's. Handing the same forms to the prospective path as every size's fit must give
+    the same P(best) and point T: the prospective code mixes exactly as the in-sample code does.
+    """
     _, measure_dir = micro_ladder
+    fitted = []
+    fit_forms = closure.fit_forms
+    monkeypatch.setattr(closure, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
-                         "--posterior", "--prospective", "--chains", "1", "--warmup", "40", "--draws", "40",
-                         "--propagate", "40", "--no-figure"]) == 0
+                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
+                         "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure"]) == 0
     result = json.loads((tmp_path / "closure.json").read_text())
     assert {"predictive", "mean_only"} <= result["forecast_scores"].keys()
     assert "cannot identify" in result["prospective_skipped"]
@@ -222,6 +231,47 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path):
         assert np.isclose(sum(rec["p_best"]), 1.0)
         assert np.isclose(sum(rec["measured_best_bootstrap"]), 1.0)  # the micro ladder records per-prompt counts
         assert not rec["n_star_band"][0] > rec["n_star_band"][2]  # NaN where every draw failed
+    st = result["stacking"]
+    assert list(st["laws"]) == ["chinchilla"] and st["laws"]["chinchilla"]["weight"] == 1.0  # --law's
+    assert set(st["acceptance_models"]) == {"plane", "log-plane"}
+    assert np.isclose(sum(v["weight"] for v in st["acceptance_models"].values()), 1.0)
+    lead = max(st["forms"], key=st["forms"].get)
+    assert f"{result['law_family']} + {result['acceptance_model']}" == lead
+    assert all(rec["lead_form"] == lead for rec in result["targets"])
+    assert "Stacked forms" in (tmp_path / "closure.md").read_text()
+    # Every finished fit was kept: rerun with --resume, nothing is fitted or sampled again.
+    from sdsl_jax import bayes, pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("refitted on --resume")
+
+    for module, name in ((bayes, "sample_loss_law"), (bayes, "sample_plane"), (pipeline, "fit_loss_law")):
+        monkeypatch.setattr(module, name, refuse)
+    assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
+                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
+                         "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure", "--resume"]) == 0
+    resumed = json.loads((tmp_path / "closure.json").read_text())
+    assert [r["p_best"] for r in resumed["targets"]] == [r["p_best"] for r in result["targets"]]
+    monkeypatch.undo()
+
+    runs, pairs = load_pretraining(measure_dir / "pretraining.csv"), load_acceptance(measure_dir / "acceptance.csv")
+    spec = load_speculative(measure_dir / "speculative.csv")
+    forms = fitted[0][0]  # what the CLI fitted
+    records = closure.close_loop(spec, forms[0].point, draws=forms[0].draws, scales=forms[0].scales, runs=runs,
+                                 pairs=pairs)
+    closure.stack_records(records, forms)
+    closure.add_prospective(records, {float(v): forms for v in spec.n_draft})
+    for rec in records:
+        np.testing.assert_allclose(rec["prospective_p_best"], rec["p_best"])
+        np.testing.assert_allclose(rec["prospective_tokens_per_flop"], rec["predicted_tokens_per_flop"])
+
+
+@pytest.mark.parametrize("args, fragment", [(["--stack"], "add --posterior"),
+                                            (["--posterior", "--stack", "chinchilla,plane,cubic"], "unknown form(s) cubic")])
+def test_closure_stack_arguments_exit_2(args, fragment, tmp_path, capsys):
+    data = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
+    assert closure.main(["--data", data, "--out", str(tmp_path), "--quiet", *args]) == 2
+    assert fragment in capsys.readouterr().err
 
 
 def test_closure_reports_missing_data(tmp_path, capsys):
@@ -311,3 +361,10 @@ def test_wallclock_closure_on_the_micro_ladder(micro_ladder, tmp_path):
     assert (tmp_path / "closure" / "wallclock.png").exists()
     overheads = record["loop_overheads"]  # the loops were timed: their overheads are in the model
     assert set(overheads) == {"iteration", "draft_step", "alone"} and all(v >= 0 for v in overheads.values())
+
+
+def test_a_point_outside_its_band_is_flagged_and_nan_is_not():
+    assert closure.outside_band(25e3, [14.7, 300.0, 2.85e3])
+    assert not closure.outside_band(1e3, [14.7, 300.0, 2.85e3])
+    assert not closure.outside_band(float("nan"), [1.0, 2.0, 3.0])
+    assert not closure.outside_band(5.0, [float("nan"), 2.0, 3.0]) and not closure.outside_band(5.0, None)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from sdsl_jax import PLANE as SDSL2026_MODEL
 from sdsl_jax import SDSL2026, bayes, pipeline
 from sdsl_jax.data import load_acceptance
 from experiments.closure import candidate_labels, run_label_of
@@ -143,3 +144,49 @@ def test_candidate_labels_find_runs_and_models_in_the_data(tmp_path):
     labels = candidate_labels(runs, pairs, ["d1", "d2"], [1e6, 3e6], [1e8, 1e8], "T", 2e6, 1e8)
     assert labels.draft_models == ("d1", None) and labels.target_model == "T"
     assert labels.draft_runs == (runs.run_labels()[0], None) and labels.target_run == runs.run_labels()[2]
+
+
+def test_acceptance_pointwise_log_likelihood_matches_the_normal_density():
+    """Per draw and pair: Normal(A u + B v + C [+ draft and target effects], sigma / sqrt(w / mean w)),
+    checked against scipy for both acceptance models' likelihoods."""
+    from scipy.stats import norm
+
+    x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(4), drafts=6, targets=3)
+    w = np.random.default_rng(5).uniform(50, 500, alpha.size)
+    kw = dict(weights=w, num_chains=1, num_warmup=30, num_samples=20, seed=0, progress_bar=False)
+    scale = lambda s: s["sigma"][:, None] / np.sqrt(w / w.mean())[None]  # noqa: E731
+    plane = bayes.sample_plane(x, y, alpha, **kw).samples
+    mean = plane["A"][:, None] * x + plane["B"][:, None] * y + plane["C"][:, None]
+    np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(plane, SDSL2026_MODEL, x, y, alpha, weights=w),
+                               norm.logpdf(alpha, mean, scale(plane)), rtol=1e-9)
+    crossed = bayes.sample_plane(x, y, alpha, draft=di, target=ti, **kw).samples
+    mean = (crossed["A"][:, None] * x + crossed["B"][:, None] * y + crossed["C"][:, None]
+            + crossed["draft_sd"][:, None] * crossed["draft_z"][:, di]
+            + crossed["target_sd"][:, None] * crossed["target_z"][:, ti])
+    np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(crossed, SDSL2026_MODEL, x, y, alpha,
+                                                                         weights=w, draft=di, target=ti),
+                               norm.logpdf(alpha, mean, scale(crossed)), rtol=1e-9)
+
+
+def test_acceptance_stacking_puts_its_weight_on_the_model_that_generated_the_pairs(tmp_path):
+    # alpha linear in log perplexities, over a wide range of draft perplexities: the raw plane
+    # cannot follow the curve, the log-plane can; stacking (PSIS-LOO over pairs) must see it.
+    from sdsl_jax import ACCEPTANCE_MODELS, LOG_PLANE
+
+    rng = np.random.default_rng(6)
+    x, y = np.exp(rng.uniform(0.7, 4.0, 40)), np.exp(rng.uniform(0.5, 1.5, 40))
+    alpha = -0.12 * np.log(x) + 0.08 * np.log(y) + 0.9 + 0.004 * rng.standard_normal(40)
+    rows = "".join(f"d{i},t{i},1e5,1e6,1e7,1e8,{x[i]:.17g},{y[i]:.17g},{alpha[i]:.17g}\n" for i in range(40))
+    (tmp_path / "acc.csv").write_text(HEADER + rows)
+    pairs = load_acceptance(tmp_path / "acc.csv")
+    assert not pairs.has_repeated_models()
+    runs = {}
+    for model in ACCEPTANCE_MODELS.values():
+        runs[model.name] = bayes.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, model=model,
+                                              weights=pairs.regression_weights(), num_chains=2, num_warmup=200,
+                                              num_samples=200, seed=0, progress_bar=False)
+    weights = pipeline.acceptance_stacking_weights(pairs, runs)
+    assert weights.names == tuple(ACCEPTANCE_MODELS)
+    np.testing.assert_allclose(weights.weights.sum(), 1.0, atol=1e-6)
+    assert weights.weights[weights.names.index(LOG_PLANE.name)] > 0.95
+    assert weights.elpd_loo[weights.names.index(LOG_PLANE.name)] > weights.elpd_loo[weights.names.index("plane")]
