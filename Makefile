@@ -5,7 +5,7 @@
 #               forms on the ladder (fits/ladder/holdout/ holds the committed run).
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
-#               (about 45 minutes on 2 CPU cores; resumable: rerun after an interruption).
+#               (about 60 minutes on 2 CPU cores; resumable: rerun after an interruption).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -46,7 +46,8 @@ notebooks: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m experiments.ladder --preset real
 	$(PY) -m experiments.measure --preset real --out fits/ladder
-	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective
+	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --resume
+	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --stack --out fits/ladder/closure_stacked --resume
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

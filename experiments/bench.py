@@ -14,6 +14,8 @@ Sections:
               subset of the same starts: time per start and both optima.
   calibration coverage of 90% posterior intervals over synthetic datasets (plane, loss law), and of
               90% N* bands on synthetic ladders with per-run effects (mean-curve and predictive).
+  nuts        posteriors of same-shaped datasets one after the other (calibration, refits): NumPyro's
+              own sampling loop, compiled again on every run, against the loop compiled once; same draws.
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
 
@@ -188,6 +190,54 @@ def bench_calibration(datasets: int) -> list[dict]:
     return rows
 
 
+def bench_nuts_reuse(datasets: int) -> list[dict]:
+    """Posteriors of many same-shaped datasets (what calibration and refits do): NumPyro's own
+    sampling loop, compiled again on every run, against ``sdsl_jax.bayes`` reusing it; same draws.
+
+    One chain, 150 warm-up + 250 draws, on 40-pair plane datasets and on the synthetic ladders
+    with per-run effects; the first run of each side (compilation) is reported separately.
+    """
+    import contextlib
+
+    from experiments.calibration import TRUE_LAW, synthetic_ladder
+    from sdsl_jax import SDSL2026, bayes
+
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(5, 60, (datasets, 40)), rng.uniform(3, 20, (datasets, 40))
+    alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.03, x.shape)
+    ladders = [synthetic_ladder(rng) for _ in range(datasets)]
+    kw = dict(num_chains=1, num_warmup=150, num_samples=250, progress_bar=False, summarize=False)
+    cases = (("plane, 40 pairs", lambda i: bayes.sample_plane(x[i], y[i], alpha[i], seed=i, **kw)),
+             ("loss law with run effects, 28 runs", lambda i: bayes.sample_loss_law(
+                 *ladders[i][:3], init=TRUE_LAW, run=ladders[i][3], seed=i, **kw)))
+    rows, reuse = [], bayes._sampling_loop_compiled_once
+    for name, sample in cases:
+        times, draws = {}, {}
+        for side in ("numpyro", "sdsl_jax"):
+            bayes._mcmc.cache_clear()
+            bayes._sampling_loop_compiled_once = contextlib.nullcontext if side == "numpyro" else reuse
+            try:
+                start = time.perf_counter()
+                first = sample(0)
+                first_s = time.perf_counter() - start
+                start = time.perf_counter()
+                runs = [sample(i) for i in range(1, datasets)]
+                times[side] = (first_s, (time.perf_counter() - start) / (datasets - 1))
+                draws[side] = [first, *runs]
+            finally:
+                bayes._sampling_loop_compiled_once = reuse
+        same = all(np.array_equal(a.samples[k], b.samples[k]) for a, b in zip(draws["numpyro"], draws["sdsl_jax"])
+                   for k in a.samples)
+        print(f"nuts {name}: per dataset after the first, NumPyro's loop {times['numpyro'][1]:.2f} s, reused "
+              f"{times['sdsl_jax'][1]:.2f} s, ratio {times['numpyro'][1] / times['sdsl_jax'][1]:.1f}x "
+              f"(first run {times['numpyro'][0]:.1f} / {times['sdsl_jax'][0]:.1f} s); identical draws: {same}",
+              flush=True)
+        rows.append(dict(name=f"nuts reuse {name}", datasets=datasets, numpyro_s=times["numpyro"][1],
+                         jax_s=times["sdsl_jax"][1], speedup=times["numpyro"][1] / times["sdsl_jax"][1],
+                         first_run_s=[times["numpyro"][0], times["sdsl_jax"][0]], identical=same))
+    return rows
+
+
 def bench_decoding(repeats: int) -> list[dict]:
     """Decoding in one jitted loop against a Python loop over a jitted one-token step (same tokens).
 
@@ -244,7 +294,7 @@ def bench_decoding(repeats: int) -> list[dict]:
 
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
-            "calibration": bench_calibration, "decoding": bench_decoding}
+            "calibration": bench_calibration, "nuts": bench_nuts_reuse, "decoding": bench_decoding}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Epoch starts the SciPy loop is timed on (all 4,500 take ~9 minutes; default 100)")
     parser.add_argument("--calibration-datasets", type=int, default=40,
                         help="synthetic datasets per model for the calibration check (default 40)")
+    parser.add_argument("--nuts-datasets", type=int, default=10,
+                        help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
 
@@ -273,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             results += bench_loss_law_fit(args.scipy_starts, args.repeats)
         elif name == "decoding":
             results += bench_decoding(args.repeats)
+        elif name == "nuts":
+            results += bench_nuts_reuse(args.nuts_datasets)
         else:
             results += bench_calibration(args.calibration_datasets)
     if args.json:

@@ -19,6 +19,33 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
+def pytest_configure(config):
+    """One JAX persistent compilation cache for the whole run, in a temporary folder.
+
+    Set in the controlling process before pytest-xdist starts its workers, so that the workers,
+    the CLIs they call and the notebooks' subprocesses (which read ``JAX_COMPILATION_CACHE_DIR``
+    at import) load a program another process of this run compiled already (the same NumPyro
+    model on the same data, the solver at the same shapes) instead of compiling it again. A
+    fresh folder per run: nothing is carried over from an earlier run or a user's own cache.
+    """
+    import tempfile
+
+    if hasattr(config, "workerinput") or os.environ.get("SDSL_TEST_COMPILE_CACHE") == "off":
+        return
+    folder = tempfile.mkdtemp(prefix="sdsl-jax-test-xla-")
+    config._sdsl_compile_cache = folder
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    jax.config.update("jax_compilation_cache_dir", folder)  # this process imported jax already
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    folder = getattr(config, "_sdsl_compile_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(params=["eager", "jit"])
 def maybe_jit(request):
     """Run a numeric test both as plain calls and under ``jax.jit``."""

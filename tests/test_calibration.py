@@ -6,7 +6,7 @@ from experiments.calibration import n_star_coverage, plane_coverage
 
 
 def test_calibration_of_90_percent_intervals():
-    """Simulation-based check at a size that runs in about a minute and a half (larger: `make bench`,
+    """Simulation-based check at a size that runs in under a minute (larger: `make bench`,
     `python -m experiments.calibration`).
 
     Intervals: 15 plane datasets x 3 coefficients, and 6 synthetic ladders with per-run effects x

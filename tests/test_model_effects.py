@@ -151,15 +151,23 @@ def test_acceptance_pointwise_log_likelihood_matches_the_normal_density():
     checked against scipy for both acceptance models' likelihoods."""
     from scipy.stats import norm
 
+    import jax
+    from numpyro.infer import Predictive
+
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(4), drafts=6, targets=3)
     w = np.random.default_rng(5).uniform(50, 500, alpha.size)
-    kw = dict(weights=w, num_chains=1, num_warmup=30, num_samples=20, seed=0, progress_bar=False)
     scale = lambda s: s["sigma"][:, None] / np.sqrt(w / w.mean())[None]  # noqa: E731
-    plane = bayes.sample_plane(x, y, alpha, **kw).samples
+
+    def draws(model, *args):  # prior draws of every site (any draws will do for a likelihood check)
+        with jax.numpy_dtype_promotion("standard"):
+            out = Predictive(model, num_samples=20)(jax.random.PRNGKey(0), *args)
+        return {k: np.asarray(v) for k, v in out.items() if k != "alpha_obs"}
+
+    plane = draws(bayes.plane_model_for(SDSL2026_MODEL), x, y, w)
     mean = plane["A"][:, None] * x + plane["B"][:, None] * y + plane["C"][:, None]
     np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(plane, SDSL2026_MODEL, x, y, alpha, weights=w),
                                norm.logpdf(alpha, mean, scale(plane)), rtol=1e-9)
-    crossed = bayes.sample_plane(x, y, alpha, draft=di, target=ti, **kw).samples
+    crossed = draws(bayes.model_effects_plane_model_for(SDSL2026_MODEL), x, y, w, di, np.zeros(6), ti, np.zeros(3))
     mean = (crossed["A"][:, None] * x + crossed["B"][:, None] * y + crossed["C"][:, None]
             + crossed["draft_sd"][:, None] * crossed["draft_z"][:, di]
             + crossed["target_sd"][:, None] * crossed["target_z"][:, ti])
