@@ -559,7 +559,10 @@ def figure(records: list[dict], path: str) -> None:
             band = np.array(r["predicted_tokens_per_flop_band"]) / base
             ax.fill_between(n, band[:, 0], band[:, 1], alpha=0.2, color="C1", label="90% band")
         if "n_star_band" in r:
-            ax.axvspan(r["n_star_band"][0], r["n_star_band"][2], color="C2", alpha=0.15, label="N* 90%")
+            ax.axvspan(r["n_star_band"][0], r["n_star_band"][2], color="C2", alpha=0.15, label="N* at D_ref, 90%")
+        if "n_star_recipe_band" in r:  # the recipe the ladder trains its drafts with
+            ax.axvspan(r["n_star_recipe_band"][0], r["n_star_recipe_band"][2], color="C4", alpha=0.2,
+                       label=f"N* along D = {r['recipe_tokens_per_param']:.0f} N, 90%")
         if np.isfinite(r["n_star"]):
             ax.axvline(r["n_star"], color="C2", lw=1)
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
