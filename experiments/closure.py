@@ -277,7 +277,8 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                                                               runs=runs, acceptance=pairs),
                              runs, pairs))
     forms.sort(key=lambda form: -form.weight)
-    summary = dict(method=law_w.method.split(";")[0], skipped=skipped,
+    method = next((w.method.split(";")[0] for w in (law_w, acc_w) if len(w.names) > 1), "a single form of each kind")
+    summary = dict(method=method, skipped=skipped,
                    laws={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se), pareto_k_max=float(k))
                          for n, w, e, se, k in zip(*law_w[:5])},
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
@@ -292,12 +293,13 @@ def mixture_throughput(forms: list[FormFit], *, drafts, n, d, target: str, m: fl
 
     Each form contributes ``round(weight x draws)`` of its own draws (a random subset, as
     :func:`sdsl_jax.pipeline.mixture_bands` does), each conditioned on the runs and models of its
-    own data; the point T is the weight-averaged point T of the forms.
+    own data; the point T is the weight-averaged point T of the forms (over the forms where the
+    candidate is admissible; NaN where it is in none).
     """
     from sdsl_jax import pipeline
 
     total = min(np.size(form.draws[0][0]) for form in forms)
-    columns, point_t, kept = [], np.zeros(len(n)), 0.0
+    columns, weighted, weight = [], np.zeros(len(n)), np.zeros(len(n))
     for form in forms:
         count = int(round(form.weight * total))
         labels = candidate_labels(form.runs, form.pairs, drafts, n, d, target, m, d_target)
@@ -305,10 +307,13 @@ def mixture_throughput(forms: list[FormFit], *, drafts, n, d, target: str, m: fl
                                       scales=form.scales if predictive else None, labels=labels, seed=seed)
         idx = np.random.default_rng(seed).choice(t.shape[0], size=min(count, t.shape[0]), replace=False)
         columns.append(t[np.sort(idx)])
-        point_t = point_t + form.weight * np.asarray(draft_throughput(
-            n, m, d_draft=d, d_target=d_target, loss=form.point.law, plane=form.point.plane))
-        kept += form.weight
-    return np.concatenate(columns), point_t / kept
+        t_point = np.asarray(draft_throughput(n, m, d_draft=d, d_target=d_target, loss=form.point.law,
+                                              plane=form.point.plane))
+        finite = np.isfinite(t_point)  # a form where a candidate is inadmissible says nothing of its T
+        weighted += np.where(finite, form.weight * t_point, 0.0)
+        weight += np.where(finite, form.weight, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.concatenate(columns), np.where(weight > 0, weighted / weight, np.nan)
 
 
 def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -> None:
@@ -702,7 +707,7 @@ def _close(args, argv) -> int:
                          seed=args.seed, runs=runs, pairs=pairs)
     if forms is not None:
         stack_records(records, forms, seed=args.seed)
-    prospective_skipped = None
+    prospective_skipped = prospective_weights = None
     if args.prospective and draws is not None:
         sizes = sorted({float(v) for v in speculative.n_draft})
         try:
@@ -715,6 +720,9 @@ def _close(args, argv) -> int:
             log(f"prospective: skipped ({prospective_skipped})")
         else:
             add_prospective(records, fits, seed=args.seed)
+            if stack is not None:  # each refit's own weights: the form choice without that size
+                prospective_weights = {f"{size:.6g}": {form.name: form.weight for form in size_forms}
+                                       for size, size_forms in fits.items()}
     elif args.prospective:
         prospective_skipped = "needs --posterior"
         log("prospective: skipped (it compares posterior forecasts: add --posterior)")
@@ -760,7 +768,8 @@ def _close(args, argv) -> int:
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
         versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
-        law_family=family.name, acceptance_model=model.name, stacking=stacking,
+        law_family=family.name, acceptance_model=model.name,
+        stacking=None if stacking is None else dict(stacking, prospective_forms=prospective_weights),
         loss_law={k: float(v) for k, v in law._asdict().items()},
         plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=diagnostics, forecast_scores=scores if draws is not None else None,

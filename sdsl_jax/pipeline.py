@@ -702,7 +702,7 @@ def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_targe
 
 
 class FormWeights(NamedTuple):
-    """Loss-law forms compared by PSIS-LOO and their Bayesian stacking weights.
+    """Forms (loss laws, or acceptance models) compared by PSIS-LOO and their Bayesian stacking weights.
 
     Attributes:
       names: the forms (loss-law family or acceptance-model names).
