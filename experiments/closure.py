@@ -342,7 +342,8 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
 
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
                         draws: int, propagate: int, seed: int, stack: tuple | None = None,
-                        stages: Stages | None = None, log=print) -> dict[float, tuple | list[FormFit]]:
+                        stages: Stages | None = None, summaries: dict | None = None,
+                        log=print) -> dict[float, tuple | list[FormFit]]:
     """For each draft size, the law and the acceptance model fitted WITHOUT that size's models.
 
     The size's pre-training runs leave the loss-law fit and every acceptance pair with a model of
@@ -350,8 +351,9 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
     that size is then prospective, as for a draft not yet trained. Returns
     ``{size: (point, draws, scales, (runs, pairs))}`` (:mod:`sdsl_jax.pipeline`; the data it was fitted to);
     with ``stack = (families, models)``, ``{size: [FormFit, ...]}`` (:func:`fit_forms`: the forms
-    and their weights chosen without that size too). With ``stages``, finished fits are kept and
-    reused on ``--resume``.
+    and their weights chosen without that size too; ``summaries``, when given, receives each size's
+    :func:`fit_forms` summary: weights, PSIS-LOO, diagnostics). With ``stages``, finished fits are
+    kept and reused on ``--resume``.
     """
     from sdsl_jax import pipeline
 
@@ -367,12 +369,17 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
                                                   draws=draws, propagate=propagate, seed=seed, stages=stages,
                                                   log=log)
             log("  weights: " + ", ".join(f"{name} {w:.2f}" for name, w in weights["forms"].items()))
+            if summaries is not None:
+                summaries[float(size)] = weights
             continue
         starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
         store = None if stages is None else stages.store(train, kept, family, model)
         point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts, stages=store)
         post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
                                          num_samples=draws, seed=seed, plane_seed=seed, stages=store)
+        if summaries is not None:
+            summaries[float(size)] = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
+                                                       for k, v in post.diagnostics.items()})
         out[float(size)] = (point, pipeline.paired_draws(post, count=propagate, seed=seed),
                             pipeline.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
                             (train, kept))
@@ -621,6 +628,25 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | None) -> list[str]:
+    """One line per posterior (in-sample or a refit without a size) whose checks failed."""
+    def weight_of(name, forms):
+        if not forms:
+            return ""
+        w = sum(v for k, v in forms.items() if name in k.split(" + "))
+        return f", weight {w:.2f}"
+
+    out = []
+    fits = [("all data", in_sample, None if stacking is None else stacking["forms"])]
+    fits += [(f"without N = {size}", r.get("diagnostics", {}), r.get("forms")) for size, r in (refits or {}).items()]
+    for where, diagnostics, forms in fits:
+        for name, d in diagnostics.items():
+            if not d["ok"]:
+                out.append(f"{where}: {name} (R-hat {d['max_rhat']:.3f}, ESS {d['min_ess_bulk']:.0f}, "
+                           f"{d['num_divergences']} divergent{weight_of(name, forms)})")
+    return out
+
+
 def stacked_forms(args) -> tuple[list, list] | None:
     """``--stack``'s (loss-law families, acceptance models); None without it."""
     if args.stack is None:
@@ -710,19 +736,20 @@ def _close(args, argv) -> int:
     prospective_skipped = prospective_weights = None
     if args.prospective and draws is not None:
         sizes = sorted({float(v) for v in speculative.n_draft})
+        refits = {}
         try:
             fits = leave_size_out_fits(runs, pairs, sizes, family=family, model=model, starts_every=args.starts,
                                        chains=args.chains, warmup=args.warmup, draws=args.draws,
                                        propagate=args.propagate, seed=args.seed, stack=stack, stages=stages,
-                                       log=log)
+                                       summaries=refits, log=log)
         except DataError as err:  # too few sizes: without one of them the rest cannot identify the law
             prospective_skipped = f"without one draft size the data cannot identify the models: {err.problem}"
             log(f"prospective: skipped ({prospective_skipped})")
         else:
             add_prospective(records, fits, seed=args.seed)
-            if stack is not None:  # each refit's own weights: the form choice without that size
-                prospective_weights = {f"{size:.6g}": {form.name: form.weight for form in size_forms}
-                                       for size, size_forms in fits.items()}
+            # Each refit's diagnostics (and with --stack its own weights: the form choice without that size).
+            prospective_weights = {f"{size:.6g}": {k: summary[k] for k in ("forms", "diagnostics") if k in summary}
+                                   for size, summary in refits.items()}
     elif args.prospective:
         prospective_skipped = "needs --posterior"
         log("prospective: skipped (it compares posterior forecasts: add --posterior)")
@@ -753,6 +780,12 @@ def _close(args, argv) -> int:
             + f". Log score {s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} "
               f"(uniform {s['uniform_brier']:.3f}), measured best in the 90% credible set for "
               f"{s['measured_best_in_90_credible_set']} of {s['targets']}.\n")
+    failed = failed_diagnostics(diagnostics, prospective_weights, stacking)
+    if failed:
+        table += ("\nPosteriors that failed their checks (R-hat < 1.01, bulk ESS >= 400, no divergences), with the "
+                  "weight their form carries in that fit: " + "; ".join(failed) + ". Their draws are used as sampled; "
+                  "read the scores that depend on them with that in mind.\n")
+        log(f"diagnostics: {len(failed)} posterior(s) failed their checks (listed in closure.md)")
     if stacking is not None:
         table += ("\nStacked forms (" + stacking["method"] + "; loss laws on the pre-training rows, acceptance models "
                   "on the pairs): " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items())
@@ -768,8 +801,8 @@ def _close(args, argv) -> int:
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
         versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
-        law_family=family.name, acceptance_model=model.name,
-        stacking=None if stacking is None else dict(stacking, prospective_forms=prospective_weights),
+        law_family=family.name, acceptance_model=model.name, stacking=stacking,
+        prospective_fits=prospective_weights, failed_diagnostics=failed,
         loss_law={k: float(v) for k, v in law._asdict().items()},
         plane={k: float(v) for k, v in plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=diagnostics, forecast_scores=scores if draws is not None else None,

@@ -368,3 +368,15 @@ def test_a_point_outside_its_band_is_flagged_and_nan_is_not():
     assert not closure.outside_band(1e3, [14.7, 300.0, 2.85e3])
     assert not closure.outside_band(float("nan"), [1.0, 2.0, 3.0])
     assert not closure.outside_band(5.0, [float("nan"), 2.0, 3.0]) and not closure.outside_band(5.0, None)
+
+
+def test_failed_posteriors_are_listed_with_the_weight_of_their_form():
+    ok = dict(ok=True, max_rhat=1.001, min_ess_bulk=900, num_divergences=0)
+    bad = dict(ok=False, max_rhat=1.114, min_ess_bulk=24, num_divergences=0)
+    lines = closure.failed_diagnostics(
+        {"broken": ok, "plane": ok}, {"24832": dict(forms={"broken + log-plane": 0.86, "broken + plane": 0.14},
+                                                   diagnostics={"broken": bad, "plane": ok})},
+        {"forms": {"broken + log-plane": 1.0}})
+    assert lines == ["without N = 24832: broken (R-hat 1.114, ESS 24, 0 divergent, weight 1.00)"]
+    assert closure.failed_diagnostics({"loss_law": bad}, None, None) == \
+        ["all data: loss_law (R-hat 1.114, ESS 24, 0 divergent)"]
