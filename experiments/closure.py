@@ -230,7 +230,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     from sdsl_jax import pipeline
     from sdsl_jax.fitting import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
 
-    skipped, points, law_runs, plane_runs, posts, diagnostics = {}, {}, {}, {}, {}, {}
+    skipped, points, law_runs, plane_runs, posts = {}, {}, {}, {}, {}
     for family in families:
         try:
             check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=family)
@@ -238,8 +238,9 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
             skipped[family.name] = err.problem
             continue
         starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[::starts_every]
-        store = None if stages is None else stages.store(runs, pairs, family, models[0])
-        base = pipeline.fit_point(runs, pairs, family=family, acceptance_model=models[0], starts=starts, stages=store)
+        stores = {m.name: None if stages is None else stages.store(runs, pairs, family, m) for m in models}
+        base = pipeline.fit_point(runs, pairs, family=family, acceptance_model=models[0], starts=starts,
+                                  stages=stores[models[0].name])
         for model in models:
             point = base
             if model is not models[0]:
@@ -250,10 +251,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
             post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup,
                                              num_samples=draws, seed=seed, plane_seed=seed,
                                              law_run=law_runs.get(family.name), plane_run=plane_runs.get(model.name),
-                                             stages=None if stages is None else stages.store(runs, pairs, family,
-                                                                                             model))
-            diagnostics[family.name] = post.law_run.diagnostics._asdict()
-            diagnostics[model.name] = post.plane_run.diagnostics._asdict()
+                                             stages=stores[model.name])
             law_runs.setdefault(family.name, post.law_run)
             plane_runs.setdefault(model.name, post.plane_run)
             points[family.name, model.name], posts[family.name, model.name] = point, post
@@ -283,7 +281,8 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                          for n, w, e, se, k in zip(*law_w[:5])},
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
                                               pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
-                   forms={form.name: form.weight for form in forms}, diagnostics=diagnostics)
+                   forms={form.name: form.weight for form in forms},
+                   diagnostics={name: run.diagnostics._asdict() for name, run in {**law_runs, **plane_runs}.items()})
     return forms, summary
 
 
@@ -708,8 +707,8 @@ def _close(args, argv) -> int:
         family, model = point.family, point.acceptance_model
     else:
         starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[:: args.starts]
-        point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts,
-                                   stages=stages.store(runs, pairs, family, model) if args.posterior else None)
+        store = stages.store(runs, pairs, family, model) if args.posterior else None
+        point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts, stages=store)
     law, plane = point.law, point.plane
     log(f"loss law ({family.name}): " + " ".join(f"{k} {v:.4g}" for k, v in law._asdict().items())
         + f"; {model.name}: " + " ".join(f"{k} {v:.4g}" for k, v in plane._asdict().items())
@@ -721,8 +720,7 @@ def _close(args, argv) -> int:
     elif args.posterior:
         # One seed for both posteriors: what the committed closure used.
         post = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
-                                         num_samples=args.draws, seed=args.seed, plane_seed=args.seed,
-                                         stages=stages.store(runs, pairs, family, model))
+                                         num_samples=args.draws, seed=args.seed, plane_seed=args.seed, stages=store)
         diagnostics = {k: v._asdict() for k, v in post.diagnostics.items()}
         draws = pipeline.paired_draws(post, count=args.propagate, seed=args.seed)
         scales = None if args.mean_only else pipeline.predictive_scales(post, count=args.propagate, seed=args.seed,
