@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -41,6 +40,7 @@ import scipy.special
 
 from experiments import numpy_reference
 from sdsl_jax import HOFFMANN2022, SDSL2026, lambertw, solve_draft_size
+from experiments.runlog import run_command, write_json
 
 
 def machine_description() -> str:
@@ -313,7 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
+    for name in ("points", "targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    return run_command(lambda: run_benchmarks(args, argv), "nothing was written; rerun the command")
 
+
+def run_benchmarks(args, argv) -> int:
     print(f"# {datetime.date.today()}  {machine_description()}", flush=True)
     results = []
     for name in args.only or list(SECTIONS):
@@ -333,10 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         record = dict(date=str(datetime.date.today()), machine=machine_description(),
                       command="python -m experiments.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
                       results=results)
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, args.json)
+        write_json(args.json, record)
     return 0
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from sdsl_jax import SDSL2026, LossLaw
 from sdsl_jax.bayes import interval_coverage, laws_from_posterior, sample_loss_law, sample_plane
 from sdsl_jax.fitting import loss_law_log_prediction, theta_from_law
+from sdsl_jax.store import atomic_write
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
 TRUE_LOSS_SIGMA, TRUE_NU = 0.02, 8.0
@@ -191,9 +192,7 @@ def coverage_figure(intervals: dict[str, list], path: str) -> None:
         ax.set_xlabel("synthetic ladder (sorted by truth within its band)")
         ax.set_ylabel("N* / band centre")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +204,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("plane", "loss-law", "n-star"), help="one study only (default: all)")
     parser.add_argument("--out", metavar="DIR", help="also write calibration.json and (n-star) n_star_coverage.png")
     args = parser.parse_args(argv)
+    from experiments.runlog import run_command
+
+    return run_command(lambda: calibrate(args, argv), "nothing was written (the files are written at the end); "
+                                                      "rerun the same command")
+
+
+def calibrate(args, argv) -> int:
+    from experiments.runlog import UsageError, make_output_folder, versions, write_json
+
+    if args.datasets < 1:
+        raise UsageError(f"--datasets must be at least 1, got {args.datasets}")
+    if args.out:
+        make_output_folder(args.out)
     record = dict(command="python -m experiments.calibration " + " ".join(sys.argv[1:] if argv is None else argv),
                   seed=args.seed, datasets=args.datasets, studies={})
     studies = (("plane", plane_coverage), ("loss-law", loss_law_coverage), ("n-star", n_star_coverage))
@@ -214,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
             cov, intervals = fn(args.datasets, seed=args.seed, return_intervals=True,
                                 log=lambda line: print(line, flush=True))
             if args.out:
-                os.makedirs(args.out, exist_ok=True)
                 coverage_figure(intervals, os.path.join(args.out, "n_star_coverage.png"))
         else:
             cov = fn(args.datasets, seed=args.seed)
@@ -229,9 +240,6 @@ def main(argv: list[str] | None = None) -> int:
               + f"; pooled {np.mean(list(cov.values())):.3f} over {k} intervals (binomial s.e. {np.sqrt(0.09 / k):.3f})"
               f" [{time.perf_counter() - start:.0f} s]", flush=True)
     if args.out:
-        from experiments.runlog import versions, write_json
-
-        os.makedirs(args.out, exist_ok=True)
         write_json(os.path.join(args.out, "calibration.json"), dict(record, versions=versions()))
     return 0
 

@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import os
 import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
+from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
+                               write_text)
 from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput,
                       solve_draft_size)
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
+from sdsl_jax.store import atomic_write, content_digest
 
 
 def measured_perplexities(pairs) -> dict[str, float]:
@@ -179,17 +180,17 @@ class Stages:
     interrupted closure loses at most the fit in flight.
     """
 
-    def __init__(self, folder: str, *, resume: bool, settings: dict):
-        self.folder, self.resume, self.settings = folder, resume, settings
+    def __init__(self, folder: str, *, resume: bool, settings: dict, log=lambda _: None):
+        self.folder, self.resume, self.settings, self.log = folder, resume, settings, log
 
     def store(self, runs, pairs, family, model):
         from sdsl_jax import pipeline
 
-        content = hashlib.sha256(np.ascontiguousarray(np.concatenate(
-            [runs.n_params, runs.n_tokens, runs.loss, pairs.ppl_draft, pairs.ppl_target, pairs.alpha])).tobytes())
-        data = content.hexdigest()[:16]
-        return pipeline.StageStore(os.path.join(self.folder, data, f"{family.name}+{model.name}"), resume=self.resume,
-                                   inputs=dict(self.settings, data=data, law=family.name, model=model.name))
+        # Every column counts (run labels, model names, weights): a changed label is another model.
+        content = content_digest(runs, pairs)
+        return pipeline.StageStore(os.path.join(self.folder, content[:16], f"{family.name}+{model.name}"),
+                                   resume=self.resume, log=self.log,
+                                   inputs=dict(self.settings, data=content, law=family.name, model=model.name))
 
 
 class FormFit(NamedTuple):
@@ -585,9 +586,7 @@ def figure(records: list[dict], path: str) -> None:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
 def parse_args(argv):
@@ -666,34 +665,50 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_jax()
-    return exit_on_interrupt(lambda: _close(args, argv), "the closure writes its tables only when it ends; its "
-                                                         "finished fits are kept in <out>/stages/: rerun the same "
-                                                         "command with --resume to reuse them")
+    return run_command(lambda: _close(args, argv), "the closure writes its tables only when it ends; its finished "
+                                                   "fits are kept in <out>/stages/: rerun the same command with "
+                                                   "--resume to reuse them")
+
+
+def validate_args(args) -> None:
+    """Every argument checked before any work or file (UsageError names the argument)."""
+    for name in ("chains", "warmup", "draws", "propagate", "starts"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a folder")
+    try:
+        stacked_forms(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_named_models(speculative, pairs) -> None:
+    """Every draft and target of the speculative runs must have a measured perplexity in the pairs."""
+    known = set(pairs.draft) | set(pairs.target)
+    for i, (target, draft) in enumerate(zip(speculative.target, speculative.draft)):
+        for column, name in (("target", target), ("draft", draft)):
+            if name not in known:
+                raise DataError(speculative.path, i + 2, column, f"{name!r} is in no row of {pairs.path} (its "
+                                "perplexity is needed): the two files must name the same models")
 
 
 def _close(args, argv) -> int:
     from sdsl_jax import pipeline
 
+    validate_args(args)
     log = Log(args.quiet)
     suffix = "" if args.text == "heldout" else "_hellaswag"
     paths = dict(pretraining=os.path.join(args.data, f"pretraining{suffix}.csv"),
                  acceptance=os.path.join(args.data, f"acceptance{suffix}.csv"),
                  speculative=os.path.join(args.data, "speculative.csv"))
-    try:
-        runs, pairs = load_pretraining(paths["pretraining"]), load_acceptance(paths["acceptance"])
-        speculative = load_speculative(paths["speculative"])
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        stack = stacked_forms(args)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = args.out or os.path.join(args.data, "closure")
-    os.makedirs(out, exist_ok=True)
+    runs, pairs = load_pretraining(paths["pretraining"]), load_acceptance(paths["acceptance"])
+    speculative = load_speculative(paths["speculative"])
+    check_named_models(speculative, pairs)
+    stack = stacked_forms(args)
+    out = make_output_folder(args.out or os.path.join(args.data, "closure"))
     family, model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
-    stages = Stages(os.path.join(out, "stages"), resume=args.resume, settings=dict(
+    stages = Stages(os.path.join(out, "stages"), resume=args.resume, log=log.warning, settings=dict(
         seed=args.seed, chains=args.chains, warmup=args.warmup, draws=args.draws, starts=args.starts))
     forms = stacking = None
     if stack is not None:
@@ -798,7 +813,8 @@ def _close(args, argv) -> int:
     write_json(os.path.join(out, "closure.json"), dict(
         command="python -m experiments.closure " + " ".join(argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
-        versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
+        versions=versions(), data={k: dict(path=v, sha256=t.sha256) for (k, v), t in zip(
+            paths.items(), (runs, pairs, speculative))},
         law_family=family.name, acceptance_model=model.name, stacking=stacking,
         prospective_fits=prospective_weights, failed_diagnostics=failed,
         loss_law={k: float(v) for k, v in law._asdict().items()},

@@ -32,12 +32,13 @@ import warnings
 import numpy as np
 
 from experiments.datasets import DATASETS
-from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, exit_on_interrupt, sha256,
-                               versions, write_json)
+from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, configure_jax, default_compile_cache,
+                               make_output_folder, run_command, versions, write_json)
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
                       TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
                       target_alone_cost)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
+from sdsl_jax.store import content_digest
 
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
 RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-per-param=RHO (D = RHO N), " \
@@ -47,10 +48,6 @@ RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-
 OUTPUTS = ("summary.json", "loss_law_posterior.nc", "plane_posterior.nc", "loss_law_fit.png", "n_star_bands.png",
            "throughput_curves.png", "acceptance_plane.png")
 """Every file a run can write in --out (besides stages/)."""
-
-
-class UsageError(Exception):
-    """An unusable argument: reported as ``error: ...`` with exit status 2, like a bad CSV."""
 
 
 def _finite_positive(name: str, value: float) -> None:
@@ -245,7 +242,7 @@ def run(args) -> int:
     if acceptance is not None:
         check_acceptance_data(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha, model=acceptance_model,
                               source=acc_path)
-    os.makedirs(args.out, exist_ok=True)
+    make_output_folder(args.out)
     if latency_fit is not None:
         c = latency_fit.coef
         log(f"latency: t(N, k) = {c['t0']:.3g} + {c['t1']:.3g} k + {c['c1']:.3g} N + {c['c2']:.3g} N k seconds "
@@ -272,10 +269,10 @@ def run(args) -> int:
     log_d = (np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))
     all_starts = family.starts(*log_d)
     starts = all_starts[:: args.starts] if args.starts else all_starts
-    fingerprint = dict(pretraining=sha256(pre_path), acceptance=sha256(acc_path) if acc_path else None, drop=drop,
-                       starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed)
-    if family.name != "chinchilla" or acceptance_model.name != "plane":  # keeps earlier runs' stages valid
-        fingerprint.update(law=family.name, acceptance_model=acceptance_model.name)
+    # Keyed on the content parsed (labels and weights included), never on a path read again.
+    fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
+                       drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
+                       seed=args.seed, law=family.name, acceptance_model=acceptance_model.name)
     # One flag for both kinds of grouped effects; None: each where its data identify it.
     run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:
@@ -288,11 +285,10 @@ def run(args) -> int:
                                                           "off)"))
         if acceptance is not None:
             model_effects = acceptance.has_repeated_models() if model_effects is None else model_effects
-            if model_effects:  # only then: earlier runs' stages stay valid
-                fingerprint.update(model_effects=True)
+            fingerprint.update(model_effects=bool(model_effects))
             log("posterior: " + ("per-draft and per-target model effects in the acceptance model (pairs sharing a "
                                  "model share its effect)" if model_effects else "acceptance pairs independent"))
-    stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint)
+    stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
     log(f"loss law: {family.name}, multi-start L-BFGS from {len(starts)} starts (compiling first)")
@@ -329,9 +325,9 @@ def run(args) -> int:
         command="python -m experiments.fit " + " ".join(args.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         seed=args.seed, versions=versions(),
-        data=dict(pretraining=dict(path=pre_path, sha256=sha256(pre_path), runs_used=len(runs),
+        data=dict(pretraining=dict(path=pre_path, sha256=runs.sha256, runs_used=len(runs),
                                    dropped_highest_loss=drop),
-                  acceptance=dict(path=acc_path, sha256=sha256(acc_path), pairs=len(acceptance))
+                  acceptance=dict(path=acc_path, sha256=acceptance.sha256, pairs=len(acceptance))
                   if acceptance else None),
         settings=dict(dataset=dataset.name, law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
                       recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
@@ -348,7 +344,7 @@ def run(args) -> int:
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
-        latency=dict(path=args.latency, sha256=sha256(args.latency), batch=args.latency_batch, form=latency_fit.form,
+        latency=dict(path=args.latency, sha256=latency_rows.sha256, batch=args.latency_batch, form=latency_fit.form,
                      coef=latency_fit.coef, relative_rmse=latency_fit.relative_rmse, loop_overheads=latency_fit.overheads,
                      meaning="t(N, k) = t0 + t1 k + c1 N + c2 N k seconds per call; T* in tokens per second")
         if latency_fit is not None else None,
@@ -471,7 +467,7 @@ def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cos
             log(f"stacking: {other.name} skipped ({err.problem})")
             continue
         folder = os.path.join(args.out, "forms", other.name)
-        stages = pipeline.StageStore(folder, resume=args.resume, inputs=dict(fingerprint, law=other.name))
+        stages = pipeline.StageStore(folder, resume=args.resume, inputs=dict(fingerprint, law=other.name), log=log.warning)
         log(f"stacking: fitting the {other.name} form (point fit, posterior, N* draws)")
         with log.heartbeat(8.0):
             results[other.name] = pipeline.run(
@@ -568,14 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     configure_jax(compile_cache=None if args.no_compile_cache else args.compile_cache)
 
-    def checked_run() -> int:
-        try:
-            return run(args)
-        except (DataError, UsageError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-
-    return exit_on_interrupt(checked_run, f"finished stages are kept in {os.path.join(args.out, 'stages')}; rerun "
+    return run_command(lambda: run(args), f"finished stages are kept in {os.path.join(args.out, 'stages')}; rerun "
                                           "the same command with --resume to continue")
 
 

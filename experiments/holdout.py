@@ -30,8 +30,9 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
-from sdsl_jax.data import DataError, load_acceptance, load_pretraining
+from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
+                               write_text)
+from sdsl_jax.data import load_acceptance, load_pretraining
 
 
 def student_t_logpdf(y: np.ndarray, loc: np.ndarray, scale: np.ndarray, nu: np.ndarray) -> np.ndarray:
@@ -257,27 +258,33 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_jax()
-    return exit_on_interrupt(lambda: _run(args, argv), "nothing was written (the files are written at the end); "
-                                                       "rerun the same command")
+    return run_command(lambda: _run(args, argv), "nothing was written (the files are written at the end); rerun the "
+                                                 "same command")
 
 
 def _run(args, argv) -> int:
     from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 
+    for name in ("chains", "warmup", "draws", "starts"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a folder")
     log = Log(args.quiet)
-    laws, models = args.laws.split(","), [m for m in args.acceptance_models.split(",") if m]
+    laws, models = [x for x in args.laws.split(",") if x], [m for m in args.acceptance_models.split(",") if m]
     unknown = [x for x in laws if x not in FAMILIES] + [m for m in models if m not in ACCEPTANCE_MODELS]
-    if unknown:
-        print(f"error: unknown law or acceptance model: {', '.join(unknown)}", file=sys.stderr)
-        return 2
+    if unknown or not laws:
+        raise UsageError(f"unknown law or acceptance model: {', '.join(unknown)}" if unknown else
+                         "--laws names no loss-law form")
     paths = dict(pretraining=os.path.join(args.data, "pretraining.csv"),
                  acceptance=os.path.join(args.data, "acceptance.csv"))
-    try:
-        runs = load_pretraining(paths["pretraining"])
-        pairs = load_acceptance(paths["acceptance"]) if models and os.path.exists(paths["acceptance"]) else None
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    runs = load_pretraining(paths["pretraining"])
+    pairs, skipped = None, {}
+    if models and os.path.exists(paths["acceptance"]):
+        pairs = load_acceptance(paths["acceptance"])
+    elif models:
+        skipped["acceptance_models"] = f"{paths['acceptance']} does not exist: the acceptance models were not studied"
+        log.warning(skipped["acceptance_models"])
     from sdsl_jax.pipeline import has_repeated_runs
 
     choice = {"auto": None, "on": True, "off": False}[args.run_effects]
@@ -289,15 +296,15 @@ def _run(args, argv) -> int:
         record = run_holdout(runs, pairs, laws=laws, acceptance_models=models if pairs else [], chains=args.chains,
                              warmup=args.warmup, draws=args.draws, seed=args.seed, starts_every=args.starts,
                              run_effects=run_effects, model_effects=model_effects, log=log)
-    out = args.out or os.path.join(args.data, "holdout")
-    os.makedirs(out, exist_ok=True)
+    out = make_output_folder(args.out or os.path.join(args.data, "holdout"))
     record.update(command="python -m experiments.holdout " + " ".join(argv),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
-                  versions=versions(), data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()
-                                             if os.path.exists(v)},
+                  versions=versions(), skipped=skipped,
+                  data={k: dict(path=paths[k], sha256=t.sha256) for k, t in (("pretraining", runs),
+                                                                             ("acceptance", pairs)) if t is not None},
                   settings=dict(chains=args.chains, warmup=args.warmup, draws=args.draws, starts_every=args.starts,
                                 run_effects=run_effects, model_effects=model_effects))
-    table = markdown(record)
+    table = markdown(record) + "".join(f"\nSkipped: {why}.\n" for why in skipped.values())
     print(table)
     write_text(os.path.join(out, "holdout.md"), table)
     write_json(os.path.join(out, "holdout.json"), record, strict=True)

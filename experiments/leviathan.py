@@ -12,13 +12,14 @@ measured improvement.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import sys
 
 import numpy as np
 
-from experiments.runlog import configure_jax
+from experiments.runlog import UsageError, configure_jax, run_command
 
 TABLE_4 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fits", "data", "external",
                        "leviathan2023_table4_speedup.csv")
@@ -27,11 +28,19 @@ TABLE_4 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def compare(path: str = TABLE_4) -> list[dict]:
     from sdsl_jax import LatencyCost, best_lookahead, speedup
 
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise UsageError(f"--table {path} cannot be read ({getattr(err, 'strerror', None) or err})") from None
     out = []
-    for r in rows:
-        alpha, gamma, c = float(r["alpha"]), float(r["gamma"]), float(r["c_cost_ratio"])
+    for line, r in enumerate(rows, start=2):
+        try:
+            alpha, gamma, c = float(r["alpha"]), float(r["gamma"]), float(r["c_cost_ratio"])
+            int(r["temperature"]), float(r["expected_improvement"]), float(r["empirical_improvement"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise UsageError(f"{path}:{line}: not a row of Leviathan et al.'s Table 4 ({type(err).__name__}: {err})") \
+                from None
         cost = LatencyCost(draft_fixed=c, draft_per_param=0.0, verify_fixed=1.0, verify_per_param=0.0)
         best = best_lookahead(cost, alpha, 1.0, 1.0)
         integers = np.arange(1, 31)
@@ -60,9 +69,14 @@ def markdown(records: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.leviathan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", default=TABLE_4, metavar="PATH",
+                        help="Table 4 as CSV (task, draft, temperature, alpha, gamma, c_cost_ratio, "
+                             "expected_improvement, empirical_improvement); default: the shipped copy")
+    args = parser.parse_args(argv)
     configure_jax()
-    print(markdown(compare()))
-    return 0
+    return run_command(lambda: print(markdown(compare(args.table))) or 0, "nothing is written; rerun the command")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from sdsl_jax.acceptance import acceptance_from_distributions
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, load_speculative, save_acceptance, save_pretraining
 from sdsl_jax.decoding import autoregressive_generate, speculative_generate, summarize_runs
 from sdsl_jax.model import TransformerConfig, init_cache
+from sdsl_jax.store import atomic_write
 
 TEXTS = ("heldout", "hellaswag")
 # Per preset: what fits its models' context (prompt + new tokens + gamma + 1 <= seq_len) and its time.
@@ -254,13 +255,14 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        # Every key of every row: a resumed stage written before a column existed lacks it (left blank).
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    def write(tmp):
+        with open(tmp, "w", newline="") as f:
+            # Every key of every row: a resumed stage written before a column existed lacks it (left blank).
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    atomic_write(path, write)
 
 
 def datasets(registry: dict, pairs: list[dict], text: str, source: str) -> tuple[PretrainingRuns, AcceptanceMeasurements]:

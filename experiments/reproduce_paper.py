@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import configure_jax
+from experiments.runlog import UsageError, configure_jax, run_command
 from sdsl_jax import (
     BESIROGLU2024,
     HOFFMANN2022,
@@ -24,6 +24,7 @@ from sdsl_jax import (
     SDSL_FLOPS,
     fit_linear_law,
     solve_draft_size,
+    status_message,
 )
 
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
@@ -43,13 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.points < 2:
         parser.error(f"--points must be at least 2 (the linear law needs two targets), got {args.points}")
 
+    return run_command(lambda: reproduce(args), "nothing is written; rerun the command")
+
+
+def reproduce(args) -> int:
     m_line = np.linspace(1e10, 1.1e11, args.points)
     print(f"D = D' = {args.tokens:.0e}, plane SDSL2026 (A={SDSL2026.A}, B={SDSL2026.B}, C={SDSL2026.C}).\n")
     print("| loss preset | mu | vs paper | M0 | vs paper |")
     print("|---|---|---|---|---|")
     for name, law in PRESETS.items():
-        n_star = solve_draft_size(m_line, d_draft=args.tokens, d_target=args.tokens, loss=law, plane=SDSL2026).n_star
-        fit = fit_linear_law(m_line, n_star)
+        sol = solve_draft_size(m_line, d_draft=args.tokens, d_target=args.tokens, loss=law, plane=SDSL2026)
+        solved = np.asarray(sol.status) == 0
+        if solved.sum() < 2:
+            reasons = sorted({status_message(int(c)) for c in np.asarray(sol.status)[~solved]})
+            raise UsageError(f"with D = D' = {args.tokens:g} and {name}, N* is solved for {int(solved.sum())} of "
+                             f"{len(m_line)} targets: no line to fit ({'; '.join(reasons)})")
+        fit = fit_linear_law(m_line, sol.n_star)
         mu, m0 = float(fit.mu), float(fit.m0)
         print(f"| {name} | {mu:.3e} | {mu / PAPER_MU - 1:+.1%} | {m0:.3e} | {m0 / PAPER_M0 - 1:+.1%} |")
     print(f"| SDSL paper | {PAPER_MU:.3e} | | {PAPER_M0:.3e} | |\n")

@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+from sdsl_jax.store import atomic_write
+
 
 def execute(path: str, *, timeout: int) -> float:
     """Run ``path`` in place; returns the seconds taken."""
@@ -32,9 +34,7 @@ def execute(path: str, *, timeout: int) -> float:
     finally:
         if env_small is not None:
             os.environ["SDSL_NOTEBOOK_SMALL"] = env_small
-    tmp = path + ".tmp"
-    nbformat.write(notebook, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: nbformat.write(notebook, tmp))
     return time.perf_counter() - start
 
 

@@ -1,4 +1,12 @@
-"""What every experiment run shares: timestamped progress, provenance (versions, hashes) and atomic JSON."""
+"""What every command shares: its contract (:func:`run_command`), timestamped progress, provenance
+(versions, hashes), atomic outputs and the process-wide JAX settings.
+
+The contract of every ``python -m experiments.<name>``: exit 0 on success; exit 2 with one
+``error: ...`` line naming the argument, file, line and column, or output path, for bad input, bad
+arguments, damaged state or a failed write, and no traceback; exit 130 within a few seconds of
+Ctrl-C, even inside one long compiled call, keeping every finished stage; a closed stdout
+(``... | head``) ends quietly.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +16,21 @@ import json
 import math
 import os
 import platform
+import signal
+import socket
 import sys
+import tempfile
 import threading
 import time
 from importlib import metadata
 from typing import Callable
+
+from sdsl_jax.data import DataError
+from sdsl_jax.store import StoreError, WriteError, remove_partial_writes
+
+
+class UsageError(Exception):
+    """An unusable argument: reported as ``error: ...`` with exit status 2, like a bad CSV."""
 
 
 class Log:
@@ -33,7 +51,17 @@ class Log:
             now = time.perf_counter()
             self._last_time, self._last_msg = now, msg if not msg.startswith("  ... ") else self._last_msg
             if not self.quiet:
-                print(f"[{now - self.t0:6.1f}s] {msg}", end=end, flush=True)
+                try:
+                    print(f"[{now - self.t0:6.1f}s] {msg}", end=end, flush=True)
+                except BrokenPipeError:
+                    self.quiet = True  # stdout closed (`| head`): the main thread ends the command
+                    if threading.current_thread() is threading.main_thread():
+                        raise
+
+    def warning(self, msg: str) -> None:
+        """``WARNING: msg`` on stderr, also with ``quiet`` (something the user must know)."""
+        with self._lock:
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] WARNING: {msg}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def heartbeat(self, seconds: float = 10.0):
@@ -90,19 +118,38 @@ def _finite_or_none(obj):
 
 
 def write_json(path: str, obj, *, strict: bool = False) -> None:
-    """Write ``obj`` as JSON atomically (a temporary file renamed into place).
+    """Write ``obj`` as JSON atomically (:func:`sdsl_jax.store.atomic_write`).
 
     ``strict=True`` writes standard JSON: NaN and infinities become null (each summary records the
     status that says why a value is missing).
     """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if strict:
         obj = _finite_or_none(obj)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, allow_nan=not strict)
-        f.write("\n")
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=2, allow_nan=not strict) + "\n"
+    write_text(path, text)
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; :class:`WriteError` names the path on failure."""
+    from sdsl_jax.store import write_text as _write
+
+    _write(path, text)
+
+
+def make_output_folder(path: str, flag: str = "--out") -> str:
+    """Create the output folder ``path`` and prove it writable; :class:`WriteError` naming it otherwise.
+
+    Called after every argument and input has been checked, so that a refused run leaves nothing.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path} exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise WriteError(path, err.strerror or str(err)) from None
+    return path
 
 
 COMPILE_CACHE_ENV = "SDSL_JAX_COMPILE_CACHE"
@@ -122,14 +169,6 @@ def default_compile_cache() -> str | None:
 _DEFAULT = object()
 
 
-def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temporary file renamed into place)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def configure_jax(*, devices: int = 4, compile_cache=_DEFAULT) -> None:
     """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
 
@@ -147,22 +186,103 @@ def configure_jax(*, devices: int = 4, compile_cache=_DEFAULT) -> None:
     jax.config.update("jax_enable_x64", True)
     folder = default_compile_cache() if compile_cache is _DEFAULT else compile_cache
     if folder:
-        os.makedirs(folder, exist_ok=True)
+        try:  # the cache is optional: a folder that cannot be written turns it off, with one line
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            print(f"warning: compilation cache {folder} cannot be used ({err.strerror or err}); running without it "
+                  f"(set {COMPILE_CACHE_ENV}=off to silence this)", file=sys.stderr)
+            return
         jax.config.update("jax_compilation_cache_dir", folder)
         # Only programs worth caching: tiny ones cost more to look up than to compile.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def exit_on_interrupt(run: Callable[[], int], kept: str) -> int:
-    """``run()``, but Ctrl-C ends it with one line saying what is kept and exit status 130.
+def run_command(body: Callable[[], int], kept: str) -> int:
+    """Run a command's ``body()`` under the commands' contract (module docstring); its exit status.
 
-    ``kept`` says what survives and how to continue, e.g. "finished stages are kept in out/;
-    rerun the same command to continue". Every CLI writes its results atomically, so an
-    interruption loses at most the unit of work in flight.
+    ``kept`` says what survives an interruption and how to continue, e.g. "finished stages are kept
+    in out/stages; rerun the same command with --resume to continue". Every output is written
+    atomically, so an interruption loses at most the unit of work in flight.
     """
+    watcher = _InterruptWatcher(kept)
     try:
-        return run()
+        return body()
+    except BrokenPipeError:
+        _close_stdout()
+        return 141  # as a command killed by SIGPIPE
+    except (DataError, UsageError, StoreError, WriteError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted: {kept}", file=sys.stderr)
         return 130
+    finally:
+        watcher.stop()
+
+
+def exit_on_interrupt(run: Callable[[], int], kept: str) -> int:
+    """:func:`run_command` (its former name)."""
+    return run_command(run, kept)
+
+
+def _close_stdout() -> None:
+    # Python flushes stdout at exit and would report the broken pipe again: point it at nothing.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class _InterruptWatcher:
+    """Ends the process within ``GRACE`` seconds of Ctrl-C even while the main thread is inside one
+    long compiled call (NUTS, a fit), where Python cannot raise KeyboardInterrupt until it returns.
+
+    Python's C-level signal handler writes the signal's number to the wakeup file descriptor at
+    once; this thread reads it. If the main thread has not ended the command by itself within the
+    grace period, the thread says what is kept, removes the temporary files of writes in flight and
+    exits with status 130. Finished stages are already on disk (atomic writes).
+    """
+
+    GRACE = 2.0
+
+    def __init__(self, kept: str):
+        self.kept, self.done, self.previous = kept, threading.Event(), None
+        if threading.current_thread() is not threading.main_thread():
+            return  # set_wakeup_fd is for the main thread only: KeyboardInterrupt still applies
+        self.reader, self.writer = socket.socketpair()
+        self.writer.setblocking(False)
+        try:
+            self.previous = signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            self.reader.close(), self.writer.close()
+            return
+        self.thread = threading.Thread(target=self._watch, name="sdsl-interrupt", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.is_set():
+            try:
+                data = self.reader.recv(64)
+            except OSError:
+                return
+            if not data or self.done.is_set():
+                return
+            if signal.SIGINT in data and not self.done.wait(self.GRACE):
+                remove_partial_writes()
+                try:
+                    print(f"\ninterrupted: {self.kept}", file=sys.stderr, flush=True)
+                finally:
+                    os._exit(130)
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.previous is None:
+            return
+        signal.set_wakeup_fd(self.previous)
+        self.writer.close()  # wakes the thread's recv
+        self.thread.join(timeout=1.0)
+        self.reader.close()

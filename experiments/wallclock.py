@@ -28,7 +28,8 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, sha256, versions, write_json, write_text
+from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
+                               write_text)
 from sdsl_jax.data import DataError, load_latency, load_speculative
 from sdsl_jax.latency import HELD_OUT_TOKENS
 
@@ -232,7 +233,7 @@ def markdown(record: dict) -> str:
 def figure(record: dict, path: str, caption: str) -> str:
     from matplotlib.figure import Figure
 
-    from sdsl_jax.figures import _save
+    from sdsl_jax.figures import save_figure
 
     fig = Figure(figsize=(11, 4.4))
     ax, bx = fig.subplots(1, 2, gridspec_kw=dict(wspace=0.3))
@@ -261,7 +262,7 @@ def figure(record: dict, path: str, caption: str) -> str:
     bx.set_xticks(i, [n.split("@")[0] for n in names])
     bx.set(ylabel="speedup over the target alone", title="Best (draft, gamma) per target")
     bx.legend(fontsize=7)
-    return _save(fig, path, caption)
+    return save_figure(fig, path, caption)
 
 
 def parse_args(argv):
@@ -283,31 +284,35 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_jax()
-    return exit_on_interrupt(lambda: _run(args, argv), "nothing was written (the files are written at the end); "
-                                                       "rerun the same command")
+    return run_command(lambda: _run(args, argv), "nothing was written (the files are written at the end); rerun the "
+                                                 "same command")
 
 
 def _run(args, argv) -> int:
     from sdsl_jax.latency import FORMS
 
+    for name in ("draws", "batch"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.form != "auto" and args.form not in FORMS:
+        raise UsageError(f"--form {args.form!r} is not auto or one of {sorted(FORMS)}")
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a folder")
     log = Log(args.quiet)
     paths = dict(latency=os.path.join(args.data, "latency.csv"), speculative=os.path.join(args.data, "speculative.csv"))
+    latency, spec = load_latency(paths["latency"]), load_speculative(paths["speculative"])
+    if not np.any(latency.batch == args.batch):
+        raise DataError(paths["latency"], None, "batch", f"has no rows at --batch {args.batch}")
     try:
-        latency, spec = load_latency(paths["latency"]), load_speculative(paths["speculative"])
-        if args.form != "auto" and args.form not in FORMS:
-            raise DataError("--form", None, None, f"{args.form!r} is not auto or one of {sorted(FORMS)}")
-        if not np.any(latency.batch == args.batch):
-            raise DataError(paths["latency"], None, "batch", f"has no rows at --batch {args.batch}")
         record = close_wallclock(spec, latency, batch=args.batch, form=args.form, draws=args.draws, seed=args.seed)
-    except (DataError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = args.out or os.path.join(args.data, "closure")
-    os.makedirs(out, exist_ok=True)
+    except ValueError as err:  # the latency model cannot be fitted from these timings
+        raise DataError(paths["latency"], None, None, f"cannot close the loop on these timings: {err}") from None
+    out = make_output_folder(args.out or os.path.join(args.data, "closure"))
     command = "python -m experiments.wallclock " + " ".join(argv)
     record.update(command=command, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   seed=args.seed, versions=versions(),
-                  data={k: dict(path=v, sha256=sha256(v)) for k, v in paths.items()},
+                  data={k: dict(path=paths[k], sha256=t.sha256) for k, t in (("latency", latency),
+                                                                            ("speculative", spec))},
                   machines=sorted({m for m in latency.machine if m}))
     table = markdown(record)
     print(table)

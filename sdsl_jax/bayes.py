@@ -804,7 +804,6 @@ def interval_coverage(draws: np.ndarray, truth: float, *, level: float = 0.9) ->
 
 def save_inference_data(idata: az.InferenceData, path: str | os.PathLike) -> None:
     """Write the posterior as netCDF, atomically."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    idata.to_netcdf(tmp)
-    os.replace(tmp, path)
+    from sdsl_jax.store import atomic_write
+
+    atomic_write(path, idata.to_netcdf)

@@ -110,10 +110,11 @@ offending value. Saving is atomic (a temporary file renamed into place).
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import dataclasses
 import math
 import os
-import tempfile
 from typing import Any, Callable
 
 import numpy as np
@@ -277,6 +278,7 @@ class LatencyMeasurements:
     n_draft: np.ndarray = None
     gamma: np.ndarray = None
     path: str | None = None
+    sha256: str | None = None
 
     def __post_init__(self):
         n = len(self.tokens)  # a table without loop rows: every row is one call
@@ -309,6 +311,7 @@ class PretrainingRuns:
     source: tuple[str | None, ...]
     path: str | None = None
     run: tuple[str | None, ...] = None
+    sha256: str | None = None
 
     def __post_init__(self):
         if self.run is None:  # older callers: no run column
@@ -354,6 +357,7 @@ class AcceptanceMeasurements:
     mean_acceptance_length: np.ndarray = None
     accepted_per_position: tuple[str | None, ...] = None
     path: str | None = None
+    sha256: str | None = None
 
     def __post_init__(self):
         n = len(self.alpha)  # optional columns default to "not given" (older callers)
@@ -423,6 +427,7 @@ class SpeculativeRuns:
     path: str | None = None
     iterations_per_prompt: tuple[str | None, ...] = None
     accepted_per_prompt: tuple[str | None, ...] = None
+    sha256: str | None = None
 
     def __post_init__(self):
         for name in ("iterations_per_prompt", "accepted_per_prompt"):
@@ -484,14 +489,18 @@ def _parse(path: str, line: int, col: _Column, raw: str | None) -> Any:
 def _load(path: str, schema: tuple[_Column, ...]) -> dict[str, list]:
     path = os.fspath(path)
     try:
-        # utf-8-sig: a byte-order mark (as spreadsheet programs write) is read as nothing.
-        handle = open(path, newline="", encoding="utf-8-sig")
+        # Read once: a pipe or /dev/stdin cannot be read again, and the digest must be of these bytes.
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except OSError as err:
         raise DataError(path, None, None, f"cannot be read ({err.strerror})") from None
     try:
-        with handle:
-            # strict: a quote that is never closed, or text after a closing quote, is an error.
-            return _read_columns(path, csv.DictReader(handle, strict=True), schema)
+        # utf-8-sig: a byte-order mark (as spreadsheet programs write) is read as nothing.
+        text = io.StringIO(raw.decode("utf-8-sig"), newline="")
+        # strict: a quote that is never closed, or text after a closing quote, is an error.
+        columns = _read_columns(path, csv.DictReader(text, strict=True), schema)
+        columns["sha256"] = hashlib.sha256(raw).hexdigest()
+        return columns
     except UnicodeDecodeError as err:
         raise DataError(path, None, None, f"is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
                                           f"{err.start}): a CSV file is expected") from None
@@ -538,7 +547,9 @@ def _read_columns(path: str, reader: csv.DictReader, schema: tuple[_Column, ...]
 
 
 def _to_arrays(columns: dict[str, list], schema: tuple[_Column, ...]) -> dict[str, Any]:
-    return {c.name: tuple(columns[c.name]) if c.kind == "str" else np.asarray(columns[c.name], np.float64) for c in schema}
+    """The columns as arrays (strings as tuples), with ``sha256``: the digest of the bytes parsed."""
+    return {c.name: tuple(columns[c.name]) if c.kind == "str" else np.asarray(columns[c.name], np.float64)
+            for c in schema} | {"sha256": columns["sha256"]}
 
 
 def load_pretraining(path: str | os.PathLike) -> PretrainingRuns:
@@ -616,6 +627,7 @@ def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:
     runs = SpeculativeRuns(**_to_arrays(_load(path, SPECULATIVE_SCHEMA), SPECULATIVE_SCHEMA), path=path)
     for i in range(len(runs)):
         line = i + 2
+        _check_speculative_counts(path, line, runs, i)
         given = [runs.iterations_per_prompt[i] is not None, runs.accepted_per_prompt[i] is not None]
         if given[0] != given[1]:
             missing = "accepted_per_prompt" if given[0] else "iterations_per_prompt"
@@ -641,6 +653,56 @@ def load_speculative(path: str | os.PathLike) -> SpeculativeRuns:
                 column = name.replace("_per_prompt", "")
                 raise DataError(path, line, name, f"adds up to {sum(values)}, not to {column} = {total:g}")
     return runs
+
+
+def _check_speculative_counts(path: str, line: int, runs: SpeculativeRuns, i: int) -> None:
+    """Cross-check one row's counts: histogram against gamma, iterations and accepted; alpha_mle,
+    tau and accepted_over_drafted against the counts they summarise."""
+    gamma, iterations, accepted = int(runs.gamma[i]), runs.iterations[i], runs.accepted[i]
+    if accepted > gamma * iterations:
+        raise DataError(path, line, "accepted", f"{accepted:g} exceeds gamma x iterations = {gamma * iterations:g}: "
+                                                "an iteration accepts at most gamma drafted tokens")
+    text = runs.histogram[i]
+    if text is not None:
+        try:
+            hist = np.array([int(v) for v in text.split(";")], np.int64)
+        except ValueError:
+            raise DataError(path, line, "histogram", f"{text!r} is not ';'-separated integers") from None
+        if len(hist) != gamma + 1:
+            raise DataError(path, line, "histogram", f"has {len(hist)} counts; gamma = {gamma} needs gamma + 1 = "
+                                                     f"{gamma + 1} (iterations accepting 0 .. gamma tokens)")
+        if hist.min() < 0:
+            raise DataError(path, line, "histogram", "has a negative count")
+        if hist.sum() != iterations:
+            raise DataError(path, line, "histogram", f"adds up to {hist.sum()} iterations, the row says iterations = "
+                                                     f"{iterations:g}")
+        if int(np.arange(gamma + 1) @ hist) != accepted:
+            raise DataError(path, line, "histogram", f"accepts {int(np.arange(gamma + 1) @ hist)} tokens in all, the "
+                                                     f"row says accepted = {accepted:g}")
+        rejections = int(hist[:gamma].sum())  # iterations that ended on a rejected draft
+        low = high = accepted / (accepted + rejections) if accepted + rejections else 0.0
+        what = f"the histogram's MLE {low:.4f}"
+    else:  # without the histogram the rejections lie between the iterations less the full ones and all
+        full_max = accepted // gamma if gamma else 0
+        low = accepted / (accepted + iterations) if accepted + iterations else 0.0
+        rest = accepted + iterations - full_max
+        high = accepted / rest if rest > 0 else 1.0
+        what = f"the MLE's range [{low:.4f}, {high:.4f}] from accepted and iterations"
+    if not (low - ALPHA_AGREEMENT <= runs.alpha_mle[i] <= high + ALPHA_AGREEMENT):
+        raise DataError(path, line, "alpha_mle", f"{runs.alpha_mle[i]:.6g} contradicts {what} (tolerance "
+                                                 f"{ALPHA_AGREEMENT})")
+    tau = runs.tau[i]
+    if np.isfinite(tau):
+        if not 1 <= tau <= gamma + 1:
+            raise DataError(path, line, "tau", f"{tau:g} is outside [1, gamma + 1] = [1, {gamma + 1}]: an iteration "
+                                               "yields between 1 and gamma + 1 tokens")
+        expected = 1 + accepted / iterations
+        if abs(tau - expected) > ALPHA_AGREEMENT * (gamma + 1):
+            raise DataError(path, line, "tau", f"{tau:g} contradicts 1 + accepted / iterations = {expected:.4f}")
+    ratio = runs.accepted_over_drafted[i]
+    if np.isfinite(ratio) and abs(ratio - accepted / (gamma * iterations)) > ALPHA_AGREEMENT:
+        raise DataError(path, line, "accepted_over_drafted", f"{ratio:g} contradicts accepted / (gamma x iterations) "
+                                                             f"= {accepted / (gamma * iterations):.4f}")
 
 
 def load_latency(path: str | os.PathLike) -> LatencyMeasurements:
@@ -678,20 +740,16 @@ def _format(value: Any, kind: str) -> str:
 
 
 def _save(table, schema: tuple[_Column, ...], path: str | os.PathLike) -> None:
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".csv")
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
+    from sdsl_jax.store import atomic_write
+
+    def write(tmp):
+        with open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow([c.name for c in schema])
             for i in range(len(table)):
                 writer.writerow([_format(getattr(table, c.name)[i], c.kind) for c in schema])
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+
+    atomic_write(path, write)
 
 
 def save_pretraining(runs: PretrainingRuns, path: str | os.PathLike) -> None:

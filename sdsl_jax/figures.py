@@ -18,6 +18,7 @@ from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.loss_laws import pretraining_loss
 from sdsl_jax.objective import draft_throughput
 from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
+from sdsl_jax.store import atomic_write
 
 __all__ = ["format_size", "loss_law_figure", "n_star_figure", "throughput_figure", "acceptance_figure",
            "fit_figures"]
@@ -33,13 +34,11 @@ def format_size(n: float) -> str:
     return f"{n:.3g}"
 
 
-def _save(fig: Figure, path: str, caption: str) -> str:
+def save_figure(fig: Figure, path: str, caption: str) -> str:
+    """Write ``fig`` to ``path`` (PNG) atomically, with the command that made it as a caption."""
     # Below the axes' labels, at the left (offset text such as "1e6" sits at the right); bbox_inches="tight" keeps it.
     fig.text(0.01, -0.03, f"made by: {caption}", ha="left", va="top", fontsize=6, color="0.4")
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=130, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
 
 
 def _law_title(law, family_name: str) -> str:
@@ -66,7 +65,7 @@ def loss_law_figure(path: str, runs, law, *, family_name: str, caption: str) -> 
     res.scatter(runs.n_params, residual, s=10, c=log_d, cmap=cmap)
     res.axhline(0, color="k", lw=0.8)
     res.set(xscale="log", xlabel="parameters N", ylabel="log L - log L_hat", title="residuals")
-    return _save(fig, path, caption)
+    return save_figure(fig, path, caption)
 
 
 def _size_axis(axis) -> None:
@@ -116,7 +115,7 @@ def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str
                 title="The bands relative to the posterior median")
         _size_axis(rel.xaxis)
         rel.legend(fontsize=8)
-    return _save(fig, path, caption)
+    return save_figure(fig, path, caption)
 
 
 def throughput_figure(path: str, point, targets, named, *, d_target: float, recipe: Any, cost: Any = SDSL_FLOPS,
@@ -138,7 +137,7 @@ def throughput_figure(path: str, point, targets, named, *, d_target: float, reci
     ax.set(xscale="log", xlabel="N / N*", ylabel="T(N) / T(N*)", ylim=(0.6, 1.01),
            title="How flat the optimum is: T around N* for each target")
     ax.legend(fontsize=8)
-    return _save(fig, path, caption)
+    return save_figure(fig, path, caption)
 
 
 def acceptance_figure(path: str, acceptance, plane, *, model_name: str, caption: str) -> str:
@@ -152,7 +151,7 @@ def acceptance_figure(path: str, acceptance, plane, *, model_name: str, caption:
     fig.colorbar(sc, ax=ax, label="log10 target parameters")
     ax.set(xlabel=f"{model_name}: A={float(plane.A):.4f}, B={float(plane.B):.4f}, C={float(plane.C):.3f}",
            ylabel="measured alpha", title="Acceptance model")
-    return _save(fig, path, caption)
+    return save_figure(fig, path, caption)
 
 
 def fit_figures(out: str, result, *, runs, acceptance, d_target: float, recipe: Any, cost: Any = SDSL_FLOPS,

@@ -255,6 +255,9 @@ def solve_draft_size(
       ValueError: naming the argument, for concrete inputs outside the model (non-positive or
         non-finite sizes and token counts, non-finite coefficients, a bad ``n_min``/``num_grid``).
     """
+    # Lists and tuples are arrays here, not pytrees of separate targets.
+    m_target, d_target = _as_leaf(m_target), _as_leaf(d_target)
+    d_draft = None if d_draft is None else _as_leaf(d_draft)
     _check_positive("m_target", m_target)
     _check_positive("d_target", d_target)
     if d_draft is not None:
@@ -388,6 +391,11 @@ def _python_scalar(name: str, value, kind: type):
             raise ValueError(f"{name} must be an integer, got {value!r}")
         return int(number)
     return number
+
+
+def _as_leaf(x):
+    """One array leaf: JAX arrays and tracers as given, sequences through NumPy."""
+    return x if isinstance(x, (jax.Array, jax.core.Tracer)) else np.asarray(x)
 
 
 def _concrete(x):

@@ -21,9 +21,6 @@ Everything here needs float64 (the Huber fit and N*): enable x64 before calling.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import warnings
 from typing import Any, Callable, NamedTuple
 
@@ -39,6 +36,7 @@ from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import DraftSizeSolution, LinearLaw, fit_linear_law, solve_draft_size
 from sdsl_jax.recipes import as_recipe
+from sdsl_jax.store import StageStore
 
 __all__ = [
     "PointFit",
@@ -172,55 +170,6 @@ class PipelineResult(NamedTuple):
     sensitivity: dict | None  # elasticities of N* to a fixed plane's coefficients
     draws: tuple[Any, Any] | None = None  # the paired (laws, planes) behind the bands
     scales: PredictiveScales | None = None  # their residual scales (None: mean-curve bands)
-
-
-class StageStore:
-    """Finished units of work in ``<folder>/stages/``, each keyed by a fingerprint of its inputs.
-
-    Written atomically when a unit ends; with ``resume=True`` a unit whose fingerprint matches is
-    loaded instead of recomputed, so an interruption loses at most the unit in flight.
-    """
-
-    def __init__(self, folder: str, *, resume: bool, inputs: dict):
-        self.folder, self.dir, self.resume = folder, os.path.join(folder, "stages"), resume
-        self.inputs = json.dumps(inputs, sort_keys=True)
-        os.makedirs(self.dir, exist_ok=True)
-
-    def _key(self, name: str) -> str:
-        return hashlib.sha256(f"{name}|{self.inputs}".encode()).hexdigest()
-
-    def load(self, name: str) -> dict | None:
-        path = os.path.join(self.dir, name + ".npz")
-        if not (self.resume and os.path.exists(path)):
-            return None
-        with np.load(path, allow_pickle=False) as data:
-            if str(data["fingerprint"]) != self._key(name):
-                return None
-            return {k: data[k] for k in data.files if k != "fingerprint"}
-
-    def save(self, name: str, **arrays) -> None:
-        path = os.path.join(self.dir, name + ".npz")
-        with open(path + ".tmp", "wb") as f:
-            np.savez(f, fingerprint=self._key(name), **arrays)
-        os.replace(path + ".tmp", path)
-
-    def posterior(self, name: str, sample: Callable[[], bayes.PosteriorRun]) -> tuple[bayes.PosteriorRun, bool]:
-        """``sample()`` unless a finished run is stored; the run's netCDF is ``<folder>/<name>.nc``.
-
-        Returns:
-          ``(run, reused)``.
-        """
-        nc_path = os.path.join(self.folder, name + ".nc")
-        cached = self.load(name)
-        if cached is not None and os.path.exists(nc_path):
-            samples = {k[2:]: v for k, v in cached.items() if k.startswith("s_")}
-            diagnostics = bayes.Diagnostics(**json.loads(str(cached["diagnostics"])))
-            return bayes.PosteriorRun(samples, bayes.az.from_netcdf(nc_path), diagnostics), True
-        run_ = sample()
-        bayes.save_inference_data(run_.inference_data, nc_path)
-        self.save(name, diagnostics=json.dumps(run_.diagnostics._asdict()),
-                  **{f"s_{k}": v for k, v in run_.samples.items()})
-        return run_, False
 
 
 def fit_point(

@@ -151,9 +151,9 @@ def test_measured_best_bootstrap_resamples_prompts_jointly(tmp_path):
     header = ("target,draft,n_target,n_draft,d_target,d_draft,gamma,prompts,iterations,accepted,alpha_mle,"
               "tokens_per_flop_sdsl,iterations_per_prompt,accepted_per_prompt")
     # Draft a is far better on every prompt; b and c tie on average but each wins on other prompts.
-    rows = ["T,a,1e6,1e4,1e8,1e7,2,3,30,50,0.6,1e-6,10;10;10,20;15;15",
-            "T,b,1e6,2e4,1e8,1e7,2,3,30,10,0.3,1e-6,10;10;10,10;0;0",
-            "T,c,1e6,2e4,1e8,1e7,2,3,30,10,0.3,1e-6,10;10;10,0;10;0"]
+    rows = ["T,a,1e6,1e4,1e8,1e7,2,3,30,50,0.7,1e-6,10;10;10,20;15;15",  # alpha_mle within its counts' range
+            "T,b,1e6,2e4,1e8,1e7,2,3,30,10,0.27,1e-6,10;10;10,10;0;0",
+            "T,c,1e6,2e4,1e8,1e7,2,3,30,10,0.27,1e-6,10;10;10,0;10;0"]
     path = tmp_path / "spec.csv"
     path.write_text(header + "\n" + "\n".join(rows) + "\n")
     spec = load_speculative(path)
