@@ -1,6 +1,6 @@
 """Published measurements as a check: Leviathan, Kalman & Matias (2023), Table 4 against the model.
 
-    python -m experiments.leviathan          # prints the table in the README's "Published measurements"
+    python -m experiments.leviathan          # prints the table of docs/results/published.md
 
 For each row of ``fits/data/external/leviathan2023_table4_speedup.csv`` (T5-XXL 11B target on a
 TPU-v4, batch 1): the expected walltime improvement recomputed from the printed (alpha, gamma, c)

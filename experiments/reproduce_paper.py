@@ -1,6 +1,6 @@
 """Reproduce SDSL's headline result: N* ~ mu M + M0 with the paper's acceptance plane.
 
-    python -m experiments.reproduce_paper            # markdown tables, as in the README
+    python -m experiments.reproduce_paper            # markdown tables, as in docs/results/paper_reproduction.md
 
 SDSL (arXiv 2603.11053) reports mu = 2.71e-3 (95% CI 2.67-2.75e-3) and M0 = 8.71e7
 (8.50-8.93e7) for targets of about 13B-110B. We solve N*(M) with the plane SDSL2026, each loss
