@@ -37,6 +37,8 @@ from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, configure_ja
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
                       TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
                       target_alone_cost)
+from sdsl_jax.assumptions import (AnalysisSettings, Setting, SettingsError, extrapolation, perplexity_scale,
+                                  settings_from_data)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 from sdsl_jax.store import content_digest
 
@@ -60,10 +62,11 @@ def validate_args(args, drop: int) -> None:
     if args.num_targets < 2:
         raise UsageError(f"--num-targets must be at least 2 (the linear law needs two targets), got {args.num_targets}")
     for name in ("m_min", "m_max", "d_draft", "d_target"):
-        _finite_positive("--" + name.replace("_", "-"), getattr(args, name))
-    if not args.m_min < args.m_max:
+        if getattr(args, name) is not None:  # None: from the data (or the shipped dataset)
+            _finite_positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.m_min is not None and args.m_max is not None and not args.m_min < args.m_max:
         raise UsageError(f"--m-min ({args.m_min:g}) must be below --m-max ({args.m_max:g})")
-    for m in args.targets:
+    for m in args.targets or ():
         _finite_positive("--targets", m)
     if args.starts is not None and args.starts < 1:
         raise UsageError(f"--starts K uses every K-th start: K must be at least 1, got {args.starts}")
@@ -80,6 +83,77 @@ def validate_args(args, drop: int) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise UsageError(f"--out {args.out} lies under {parent}, which is a file")
+
+
+def analysis_settings(args, dataset, acceptance, acc_path, user_data):
+    """D, D', the targets and the grid: from the flags, else the user's data, else the shipped dataset."""
+    if user_data:
+        try:
+            return settings_from_data(acceptance, d_draft=args.d_draft, d_target=args.d_target, targets=args.targets,
+                                      m_min=args.m_min, m_max=args.m_max, needs_d_draft=args.recipe == "fixed",
+                                      source=acc_path or "the acceptance data")
+        except SettingsError as err:
+            raise UsageError(str(err)) from None
+
+    def setting(flag, value, default):
+        if value is not None:
+            return Setting(value, flag)
+        return Setting(default, f"the {dataset.name} dataset's analysis setting")
+
+    return AnalysisSettings(
+        setting("--d-draft", args.d_draft, dataset.d_draft), setting("--d-target", args.d_target, dataset.d_target),
+        setting("--targets", tuple(args.targets) if args.targets else None, dataset.targets),
+        setting("--m-min, --m-max", (args.m_min, args.m_max) if args.m_min is not None and args.m_max is not None
+                else None, (args.m_min or dataset.m_min, args.m_max or dataset.m_max)))
+
+
+def run_labels_checked(runs, path, args, dataset) -> None:
+    """Two rows of one size and one budget without run labels are two runs; grouping them as one
+    (the default when ``run`` is blank) would merge separate runs into one random effect."""
+    if args.run_effects == "off" or (dataset.one_run_per_row and not args.pretraining):
+        return
+    seen = {}
+    for i, (label, n, d) in enumerate(zip(runs.run, runs.n_params, runs.n_tokens)):
+        if label is None:
+            key = (float(n), float(d))
+            if key in seen:
+                raise DataError(path, None, "run", f"the rows of N = {n:.6g}, D = {d:.6g} (rows {seen[key] + 1} and "
+                                f"{i + 1} of the data) have no run label: two rows at one budget are two runs; give "
+                                "each its own run label (or --run-effects off)")
+            seen[key] = i
+
+
+def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, family, acceptance_model, dataset,
+                       user_data, drop) -> dict:
+    """What the prediction assumes, each with its source: summary.json's ``assumptions``."""
+    blank_runs = all(r is None for r in runs.run) and len(set(runs.n_params)) < len(runs)
+    return dict(
+        data=dict(pretraining=dict(path=pre_path, sha256=runs.sha256, rows=len(runs), dropped_highest_loss=drop),
+                  acceptance=dict(path=acc_path, sha256=acceptance.sha256, rows=len(acceptance))
+                  if acceptance is not None else None),
+        dataset="your data" if user_data else dataset.name,
+        **settings.as_dict(),
+        recipe=args.recipe, cost=args.cost, law=family.name,
+        acceptance_model=(f"{acceptance_model.name}, fitted to {acc_path}" if acceptance is not None
+                          else "the paper's plane SDSL2026, fixed (no acceptance data)"),
+        runs=("rows independent (--run-effects off)" if args.run_effects == "off" else
+              "rows of one size are one training run (the run column is blank)" if blank_runs and not
+              (dataset.one_run_per_row and not args.pretraining) else "as labelled"))
+
+
+def assumption_lines(a: dict) -> list[str]:
+    fmt = lambda v: ", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else ("-" if v is None else f"{v:.3g}")
+    lines = ["Assumptions:",
+             f"  data: {a['data']['pretraining']['path']} (sha256 {a['data']['pretraining']['sha256'][:12]})"
+             + (f"; {a['data']['acceptance']['path']} (sha256 {a['data']['acceptance']['sha256'][:12]})"
+                if a["data"]["acceptance"] else "")]
+    for key, name in (("d_draft", "draft budget D"), ("d_target", "target budget D'"), ("targets", "targets M"),
+                      ("m_range", "N*(M) grid")):
+        lines.append(f"  {name}: {fmt(a[key]['value'])} ({a[key]['source']})")
+    lines.append(f"  recipe {a['recipe']}; cost {a['cost']}; loss law {a['law']}; acceptance: {a['acceptance_model']}")
+    if a["runs"] != "as labelled":
+        lines.append(f"  runs: {a['runs']}")
+    return lines
 
 
 def fit_latency(path: str, batch: int):
@@ -199,9 +273,7 @@ def run(args) -> int:
 
     log = Log(args.quiet)
     dataset = DATASETS[args.dataset]
-    for name in ("m_min", "m_max", "targets", "d_draft", "d_target"):
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(dataset, name))
+    user_data = bool(args.pretraining or args.acceptance)  # then no shipped dataset's settings apply
     pre_path = args.pretraining or dataset.pretraining
     acc_path = args.acceptance or (dataset.acceptance if not args.pretraining else None)
     drop = args.drop_highest_loss if args.drop_highest_loss is not None else (
@@ -217,7 +289,7 @@ def run(args) -> int:
             raise UsageError(f"--stack {args.stack}: unknown form(s) {', '.join(unknown)} (choose from "
                              f"{', '.join(FAMILIES)})")
     try:
-        recipe = parse_recipe(args.recipe, args.d_draft)
+        parse_recipe(args.recipe, 1.0)  # the spec's syntax, before any work; the budget comes later
     except ValueError as err:
         raise UsageError(str(err)) from None
     family, acceptance_model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
@@ -242,7 +314,19 @@ def run(args) -> int:
     if acceptance is not None:
         check_acceptance_data(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha, model=acceptance_model,
                               source=acc_path)
+    settings = analysis_settings(args, dataset, acceptance, acc_path, user_data)
+    args.d_draft, args.d_target = settings.d_draft.value, settings.d_target.value
+    args.targets, (args.m_min, args.m_max) = list(settings.targets.value), settings.m_range.value
+    if not args.m_min < args.m_max:
+        raise UsageError(f"--m-min ({args.m_min:g}) must be below --m-max ({args.m_max:g})")
+    recipe = parse_recipe(args.recipe, args.d_draft)
+    run_labels_checked(runs, pre_path, args, dataset)
     make_output_folder(args.out)
+    assumptions = assumptions_record(args, settings, runs=runs, acceptance=acceptance, pre_path=pre_path,
+                                     acc_path=acc_path, family=family, acceptance_model=acceptance_model,
+                                     dataset=dataset, user_data=user_data, drop=drop)
+    for line in assumption_lines(assumptions):
+        log(line)
     if latency_fit is not None:
         c = latency_fit.coef
         log(f"latency: t(N, k) = {c['t0']:.3g} + {c['t1']:.3g} k + {c['c1']:.3g} N + {c['c2']:.3g} N k seconds "
@@ -329,7 +413,8 @@ def run(args) -> int:
                                    dropped_highest_loss=drop),
                   acceptance=dict(path=acc_path, sha256=acceptance.sha256, pairs=len(acceptance))
                   if acceptance else None),
-        settings=dict(dataset=dataset.name, law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
+        assumptions=assumptions,
+        settings=dict(dataset=assumptions["dataset"], law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
                       recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
                       m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=len(starts),
                       # NUTS settings only for a run that sampled (no posterior, no settings to record).
@@ -415,6 +500,7 @@ def run(args) -> int:
             meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
             m_target=named.tolist(), **{k: v.tolist() for k, v in result.sensitivity.items()})
 
+    add_data_checks(summary, point.law, runs=runs, acceptance=acceptance, log=log)
     write_json(os.path.join(args.out, "summary.json"), summary, strict=True)
     if not args.no_figures:
         from sdsl_jax import figures
@@ -505,10 +591,30 @@ def size(n: float) -> str:
     return format_size(n)
 
 
+def add_data_checks(summary, law, *, runs, acceptance, log) -> None:
+    """How far each answer reaches beyond the data, and whether the law and the acceptance data speak of
+    the same perplexities: in ``summary`` and, where something is off, one warning each."""
+    drafts = np.unique(acceptance.n_draft) if acceptance is not None else None
+    measured = np.unique(acceptance.n_target) if acceptance is not None else None
+    for t in summary["targets"]:
+        n_star = t.get("n_star_median", t["n_star"])
+        t["beyond_data"] = extrapolation(t["m_target"], n_star if n_star is not None else np.nan,
+                                         run_sizes=runs.n_params, draft_sizes=drafts, target_sizes=measured).as_dict()
+    flagged = [t for t in summary["targets"] if t["beyond_data"]["flags"]]
+    if flagged:
+        log.warning(f"{len(flagged)} of {len(summary['targets'])} targets lie beyond the data (column 'beyond data'): "
+                    "their N* is an extrapolation of the law")
+    if acceptance is not None:
+        scale = perplexity_scale(law, acceptance)
+        summary["perplexity_scale"] = scale.as_dict()
+        if not scale.consistent:
+            log.warning(scale.message)
+
+
 def print_table(summary, args) -> None:
-    if args.quiet:
-        return
+    """The final table; printed with --quiet too (it is the answer, not progress)."""
     post = summary.get("posterior")
+    print("\n" + "\n".join(assumption_lines(summary["assumptions"])))
     law = summary["loss_law"]
     print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
     for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:
@@ -519,14 +625,21 @@ def print_table(summary, args) -> None:
         print(f"  {k:>5} = {law[k]:<10.5g}{extra}")
     p = summary["plane"]
     print(f"Acceptance ({p['model']}): A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
-    print("\n  target M |     N* (point) |  N* median [90% band]         |  M/N* | gamma* | alpha  | speedup [90%]")
+    print("\n  target M |  N* median [90% band]          | N* (point) |  M/N* | gamma* | alpha  | speedup [90%]"
+          "        | beyond data")
     for t in summary["targets"]:
         band = (f"{size(t['n_star_median']):>8} [{size(t['n_star_lo90'])}, {size(t['n_star_hi90'])}]"
                 if "n_star_median" in t else "(run with --posterior)")
+        failed = t.get("failed_fraction", 0.0) or 0.0
+        if failed > 0.05:  # a band from under 95% of the draws: say so beside it
+            band += f" *{failed:.0%} failed"
         speed = f"x{t['speedup']:.2f}" + (f" [{t['speedup_lo90']:.2f}, {t['speedup_hi90']:.2f}]"
                                           if "speedup_lo90" in t else "")
-        print(f"  {size(t['m_target']):>8} | {size(t['n_star']):>14} | {band:<29} | {t['m_over_n_star']:5.0f} | "
-              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f} | {speed}")
+        flags = "; ".join(t["beyond_data"]["flags"]) if t.get("beyond_data") else ""
+        print(f"  {size(t['m_target']):>8} | {band:<30} | {size(t['n_star']):>10} | {t['m_over_n_star']:5.0f} | "
+              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f} | {speed:<20} | {flags or '-'}")
+    if any((t.get("failed_fraction", 0.0) or 0.0) > 0.05 for t in summary["targets"]):
+        print("  (*: that share of the posterior draws had no solved N*; the band is of the rest)")
     unit = "tokens per second (--cost latency)" if summary.get("latency") else "tokens per FLOP"
     print(f"  (speedup: T* over the target decoding alone, in {unit})")
     ll = summary["linear_law"]

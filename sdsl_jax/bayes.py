@@ -333,9 +333,12 @@ def _chain_method(num_chains: int) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass=False) -> MCMC:
+def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass=False,
+          shapes=()) -> MCMC:
     # Reused across calls with data of the same shapes (jit_model_args): repeated fits, such as
-    # calibration over many synthetic datasets, compile once.
+    # calibration over many synthetic datasets, compile once. ``shapes`` (of the data and the
+    # starting points) is only part of the key: an MCMC object holds state traced for one set of
+    # shapes (its vectorised chains fail on another), so other shapes get their own.
     return MCMC(
         NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass), num_warmup=num_warmup,
         num_samples=num_samples,
@@ -384,7 +387,9 @@ def _sampling_loop_compiled_once():
 
 def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
               progress_bar, target_accept, summarize, dense_mass=False) -> PosteriorRun:
-    mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass)
+    shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
+                   for leaf in jax.tree.leaves((model_args, init_params)))
+    mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass, shapes)
     # numpyro's own x64 and dtype handling sit under "standard" promotion.
     with jax.numpy_dtype_promotion("standard"), _sampling_loop_compiled_once():
         mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=("diverging",))
