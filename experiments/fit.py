@@ -205,7 +205,9 @@ def parse_args(argv):
                         "t(M, gamma + 1) per verification, t fitted from --latency (N* then maximises tokens per "
                         "second). Default: flops")
     p.add_argument("--latency", metavar="PATH", help="per-call latencies (schema sdsl-latency v1, made by "
-                   "python -m experiments.latency) for --cost latency")
+                   "python -m experiments.latency, or your own timings of one forward call reading k tokens at three "
+                   "or more k per model; the form of t(N, k) is chosen by its error on every second interior k, "
+                   "fitted on the others) for --cost latency")
     p.add_argument("--latency-batch", type=int, default=1, help="batch size of the --latency rows to use (1)")
     p.add_argument("--recipe", default="fixed", metavar="SPEC",
                    help=f"how draft training tokens follow draft size: {RECIPES}. Default: fixed")
@@ -368,10 +370,13 @@ def run(args) -> int:
                              "in log D)" if uses_runs else "rows independent (no run with two budgets, or --run-effects "
                                                           "off)"))
         if acceptance is not None:
-            model_effects = acceptance.has_repeated_models() if model_effects is None else model_effects
+            why = "--run-effects " + args.run_effects
+            if model_effects is None:
+                model_effects, why = acceptance.model_effects_identified()
             fingerprint.update(model_effects=bool(model_effects))
             log("posterior: " + ("per-draft and per-target model effects in the acceptance model (pairs sharing a "
-                                 "model share its effect)" if model_effects else "acceptance pairs independent"))
+                                 "model share its effect)" if model_effects else "acceptance pairs independent")
+                + f" ({why})")
     stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
@@ -453,7 +458,7 @@ def run(args) -> int:
                 strict_failure = True
                 banner = "!" * 78
                 log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
-                    f"Do not trust its bands; run longer (--warmup/--draws) or more chains.\n{banner}")
+                    f"Do not trust its bands. {diagnostics_advice(name, post)}\n{banner}")
         bands, nb = pred.bands, pred.target_bands
         laws, planes = result.draws
         q = list(bands.quantiles)
@@ -589,6 +594,22 @@ def size(n: float) -> str:
     from sdsl_jax.figures import format_size
 
     return format_size(n)
+
+
+def diagnostics_advice(name: str, post) -> str:
+    """What to do about a posterior that failed its checks: where the data leave parameters
+    unidentified, longer chains only wander further along the ridge; name them and the data that
+    would separate them."""
+    flags = list(post.identification.flags) if name == "loss_law" else []
+    if flags:
+        return ("The data do not identify: " + "; ".join(flags) + ". Longer chains will not fix this: add runs at "
+                "more model sizes and more budgets per size (the N and D terms need each to vary on its own), fix "
+                "the parameter from elsewhere, or choose a form with fewer coefficients (--law).")
+    if name == "plane":
+        return ("Check that the pairs cover several draft and target perplexities (a plane needs both to vary), "
+                "or turn the per-model effects off (--run-effects off) where few models repeat; then run longer "
+                "(--warmup/--draws).")
+    return "Run longer (--warmup/--draws) or more chains."
 
 
 def add_data_checks(summary, law, *, runs, acceptance, log) -> None:

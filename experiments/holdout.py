@@ -289,7 +289,7 @@ def _run(args, argv) -> int:
 
     choice = {"auto": None, "on": True, "off": False}[args.run_effects]
     run_effects = has_repeated_runs(runs) if choice is None else choice
-    model_effects = (pairs is not None and pairs.has_repeated_models()) if choice is None else choice
+    model_effects = (pairs is not None and pairs.model_effects_identified()[0]) if choice is None else choice
     with log.heartbeat(8.0):
         log(f"holdout: {len(set(runs.n_params))} sizes x laws {laws}, run effects {'on' if run_effects else 'off'}"
             + (f", acceptance {models}, model effects {'on' if model_effects else 'off'}" if pairs else ""))

@@ -31,18 +31,20 @@ import numpy as np
 from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
                                write_text)
 from sdsl_jax.data import DataError, load_latency, load_speculative
-from sdsl_jax.latency import HELD_OUT_TOKENS
+from sdsl_jax.latency import held_out_tokens_for
 
 
 
-def choose_form(latency, batch: int, form: str) -> tuple[str, dict]:
-    """The form to use (``auto``: the best on held-out token counts) and every form's errors."""
+def choose_form(latency, batch: int, form: str) -> tuple[str, dict, tuple[int, ...]]:
+    """The form to use (``auto``: the best on held-out token counts), every form's errors, and the
+    token counts held out (chosen from those timed)."""
     from sdsl_jax.latency import select_form
 
     calls = latency.of_kind("call")
     rows = calls.select(calls.batch == batch)
-    best, scores = select_form(rows.n_params, rows.tokens, rows.seconds_median, held_out_tokens=HELD_OUT_TOKENS)
-    return (best if form == "auto" else form), scores
+    held = held_out_tokens_for(rows.tokens)
+    best, scores = select_form(rows.n_params, rows.tokens, rows.seconds_median, held_out_tokens=held)
+    return (best if form == "auto" else form), scores, held
 
 
 def _alpha_draws(spec, i: int, count: int, rng) -> np.ndarray:
@@ -63,7 +65,7 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
 
     if not np.any(np.isfinite(spec.wallclock_speedup)):
         raise DataError(spec.path, None, "wallclock_speedup", "is empty in every row: nothing to close against")
-    form, scores = choose_form(latency, batch, form)
+    form, scores, held = choose_form(latency, batch, form)
     fit = fit_latency_table(latency, batch=batch, form=form)
     calls_only = fit._replace(cost=cost_from_coef(fit.coef), overheads={})
     rng = np.random.default_rng(seed)
@@ -149,7 +151,7 @@ def close_wallclock(spec, latency, *, batch: int = 1, form: str = "auto", draws:
     inside = np.mean([r["predicted_band"][0] <= r["measured_speedup"] <= r["predicted_band"][1] for r in runs])
     rel = np.array([r["predicted_speedup"] / r["measured_speedup"] - 1 for r in runs])
     rel_calls = np.array([r["predicted_speedup_calls_only"] / r["measured_speedup"] - 1 for r in runs])
-    return dict(batch=batch, form=form, forms=scores, held_out_tokens=list(HELD_OUT_TOKENS),
+    return dict(batch=batch, form=form, forms=scores, held_out_tokens=list(held),
                 latency_coef=fit.coef, latency_relative_rmse=fit.relative_rmse, loop_overheads=fit.overheads,
                 calls_only_relative_error_median=float(np.median(rel_calls)),
                 calls_only_relative_error_rms=float(np.sqrt(np.mean(rel_calls**2))),

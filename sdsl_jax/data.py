@@ -388,6 +388,23 @@ class AcceptanceMeasurements:
         """Whether some draft or target model is in two or more pairs (per-model effects are identified)."""
         return len(set(self.draft)) < len(self.draft) or len(set(self.target)) < len(self.target)
 
+    def model_effects_identified(self, *, min_groups: int = 5) -> tuple[bool, str]:
+        """Whether the design identifies per-draft and per-target effects, and why (or why not).
+
+        A model effect's scale is a variance over models: it needs several models of each kind that
+        appear in two or more pairs. With fewer (say four targets), its posterior sits on its prior,
+        the chains mix slowly, and the coefficients' bands widen for nothing; such data keep pairs
+        independent by default.
+        """
+        counts = []
+        for kind, labels in (("draft", self.draft), ("target", self.target)):
+            repeated = sum(1 for label in set(labels) if labels.count(label) >= 2)
+            counts.append(f"{repeated} {kind} models in two or more pairs")
+            if repeated < min_groups:
+                return False, (f"only {repeated} {kind} model(s) appear in two or more pairs (per-model effects "
+                               f"need {min_groups} of each kind)")
+        return True, " and ".join(counts)
+
     def select(self, mask: np.ndarray) -> "AcceptanceMeasurements":
         return _select(self, mask)
 

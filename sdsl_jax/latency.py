@@ -29,7 +29,7 @@ from jax.typing import ArrayLike
 
 from sdsl_jax.costs import LatencyCost
 
-__all__ = ["FORMS", "HELD_OUT_TOKENS", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
+__all__ = ["FORMS", "HELD_OUT_TOKENS", "held_out_tokens_for", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
            "predict_seconds", "select_form", "fit_loop_overheads", "fit_latency_table", "MeasuredLatency",
            "fit_measured_latency"]
 
@@ -42,7 +42,27 @@ FORMS: dict[str, tuple[str, ...]] = {
 """Latency forms by name: the terms of ``t0 + t1 k + c1 N + c2 N k`` each one keeps."""
 
 HELD_OUT_TOKENS = (3, 5, 7)
-"""Token counts held out to choose a form: the verifications of gamma = 2, 4, 6."""
+"""Token counts held out to choose a form where the timings have them: the verifications of
+gamma = 2, 4, 6 (:func:`held_out_tokens_for` chooses others from the timings given)."""
+
+
+def held_out_tokens_for(tokens) -> tuple[int, ...]:
+    """The token counts to hold out when choosing a form, from the counts that were timed.
+
+    :data:`HELD_OUT_TOKENS` where all of them were timed with counts on either side; otherwise every
+    second count strictly between the smallest and the largest timed one, so that both the fitted
+    and the held-out counts span the range (timings at k = 1, 2, 4, 6, 8 hold out 2 and 6).
+
+    Raises:
+      ValueError: fewer than three distinct token counts (nothing to hold out with a fit on each side).
+    """
+    counts = sorted({int(k) for k in np.asarray(tokens, np.float64).ravel()})
+    if len(counts) < 3:
+        raise ValueError(f"choosing a latency form needs timings at three or more token counts per call (found k = "
+                         f"{', '.join(map(str, counts))}); time more, or give the form")
+    if set(HELD_OUT_TOKENS) <= set(counts[1:-1]):
+        return HELD_OUT_TOKENS
+    return tuple(counts[1:-1][::2])
 
 
 class LatencyFit(NamedTuple):
@@ -226,10 +246,11 @@ def _loop_overheads(predict: Callable, *, alone_m, alone_seconds, iteration_n, i
     return dict(iteration=float(best[1][0]), draft_step=float(best[1][1]), alone=alone)
 
 
-def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tokens=HELD_OUT_TOKENS) -> LatencyFit:
+def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tokens=None) -> LatencyFit:
     """The latency model of a ``sdsl-latency v1`` table: ``t(N, k)`` from its calls at ``batch``
-    (``form="auto"``: :func:`select_form` on ``held_out_tokens``), plus the loop overheads when the
-    table has loop rows (:func:`fit_loop_overheads`).
+    (``form="auto"``: :func:`select_form` on ``held_out_tokens``, by default
+    :func:`held_out_tokens_for` the token counts timed), plus the loop overheads when the table has
+    loop rows (:func:`fit_loop_overheads`).
 
     Raises:
       ValueError: no call rows at ``batch``, or data the fits refuse.
@@ -239,6 +260,7 @@ def fit_latency_table(table, *, batch: int = 1, form: str = "auto", held_out_tok
     if len(calls) == 0:
         raise ValueError(f"no call rows at batch {batch} (batches: {sorted({int(b) for b in table.batch})})")
     if form == "auto":
+        held_out_tokens = held_out_tokens_for(calls.tokens) if held_out_tokens is None else held_out_tokens
         form, _ = select_form(calls.n_params, calls.tokens, calls.seconds_median, held_out_tokens=held_out_tokens)
     fit = fit_latency_cost(calls.n_params, calls.tokens, calls.seconds_median, form=form)
     alone, iteration = table.of_kind("alone"), table.of_kind("iteration")

@@ -286,7 +286,8 @@ def sample_posterior(
         planes = bayes.planes_from_posterior(plane_run.samples, point.acceptance_model)
     else:
         if model_effects is None:
-            model_effects = acceptance.has_repeated_models()
+            model_effects, why = acceptance.model_effects_identified()
+            log(f"posterior: per-model acceptance effects {'on' if model_effects else 'off'} ({why})")
         groups = {}
         if model_effects:
             draft, _, target, _ = acceptance.model_index()

@@ -249,3 +249,26 @@ def test_per_model_table_refuses_a_model_timed_at_one_token_count(tmp_path):
                     "small,1e5,1,2,6e-5\n")
     with pytest.raises(ValueError, match="model 'big': timed at 1 token count"):
         fit_measured_latency(load_latency(path))
+
+
+def test_the_held_out_token_counts_come_from_the_timings_given():
+    from sdsl_jax.latency import HELD_OUT_TOKENS, held_out_tokens_for
+
+    assert held_out_tokens_for(range(1, 13)) == HELD_OUT_TOKENS  # the ladder's timings: gamma 2, 4, 6
+    assert held_out_tokens_for([1, 2, 4, 6, 8] * 3) == (2, 6)
+    assert held_out_tokens_for([1, 5, 9]) == (5,)
+    with pytest.raises(ValueError, match="three or more token counts"):
+        held_out_tokens_for([1, 8])
+
+
+def test_a_latency_table_timed_at_other_token_counts_is_fitted(tmp_path):
+    from sdsl_jax.data import load_latency
+    from sdsl_jax.latency import fit_latency_table
+
+    rows = ["model,n_params,batch,tokens,seconds_median"]
+    for name, n in (("a", 1e5), ("b", 4e5), ("c", 1.6e6)):
+        for k in (1, 2, 4, 6, 8):  # no 3, 5 or 7: refused before ("must leave some rows on each side")
+            rows.append(f"{name},{n!r},1,{k},{2e-5 + 1e-6 * k + 3e-11 * n + 1e-12 * n * k!r}")
+    (tmp_path / "latency.csv").write_text("\n".join(rows) + "\n")
+    fit = fit_latency_table(load_latency(tmp_path / "latency.csv"))
+    assert fit.relative_rmse < 1e-6

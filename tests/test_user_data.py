@@ -126,3 +126,29 @@ def test_a_sampler_runs_again_on_data_of_another_shape():
         run = bayes.sample_plane(x, y, a, num_chains=5, num_warmup=30, num_samples=30, progress_bar=False,
                                  summarize=False)
         assert run.samples["A"].shape == (150,) and np.all(np.isfinite(run.samples["A"]))
+
+
+def test_per_model_effects_default_on_only_where_the_design_identifies_them():
+    from sdsl_jax.data import load_acceptance
+
+    ladder = load_acceptance(os.path.join(ROOT, "fits", "ladder", "acceptance.csv"))
+    on, why = ladder.model_effects_identified()
+    assert on and "6 target models in two or more pairs" in why
+    # Published-style pairs: 4 targets with up to 4 drafts each (14 pairs): a variance over four
+    # targets is its prior; the default keeps the pairs independent and says why.
+    keep = np.isin(ladder.target, sorted(set(ladder.target))[:4]) & np.isin(ladder.draft, sorted(set(ladder.draft))[:6])
+    small = ladder.select(keep)
+    on, why = small.model_effects_identified()
+    assert small.has_repeated_models() and not on
+    assert "target model(s) appear in two or more pairs" in why
+
+
+def test_failed_posterior_advice_names_what_is_not_identified():
+    from types import SimpleNamespace
+
+    post = SimpleNamespace(identification=SimpleNamespace(
+        flags=("A and alpha: identified only together (posterior correlation +0.998)",)))
+    advice = fit.diagnostics_advice("loss_law", post)
+    assert "A and alpha: identified only together" in advice and "Longer chains will not fix this" in advice
+    # Without unidentified parameters the advice is to sample longer.
+    assert "Run longer" in fit.diagnostics_advice("loss_law", SimpleNamespace(identification=SimpleNamespace(flags=())))
