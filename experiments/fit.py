@@ -514,7 +514,9 @@ def run(args) -> int:
         with log.heartbeat(8.0):
             made = figures.fit_figures(args.out, result, runs=runs, acceptance=acceptance, d_target=args.d_target,
                                        recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
-                                       caption="python -m experiments.fit " + " ".join(args.argv))
+                                       predictive=not args.mean_only,
+                                       caption="\n".join(["python -m experiments.fit " + " ".join(args.argv)]
+                                                         + assumption_lines(assumptions)[2:]))
         log("figures: " + ", ".join(made))
     else:
         made = []

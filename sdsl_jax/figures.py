@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.loss_laws import pretraining_loss
@@ -35,9 +35,15 @@ def format_size(n: float) -> str:
 
 
 def save_figure(fig: Figure, path: str, caption: str) -> str:
-    """Write ``fig`` to ``path`` (PNG) atomically, with the command that made it as a caption."""
+    """Write ``fig`` to ``path`` (PNG) atomically, with the command that made it as a caption.
+
+    A caption of several lines gives the command first, then what the figure assumes (budgets,
+    cost, acceptance model).
+    """
+    command, *rest = caption.split("\n")
+    text = "\n".join([f"made by: {command}", *rest])
     # Below the axes' labels, at the left (offset text such as "1e6" sits at the right); bbox_inches="tight" keeps it.
-    fig.text(0.01, -0.03, f"made by: {caption}", ha="left", va="top", fontsize=6, color="0.4")
+    fig.text(0.01, -0.03, text, ha="left", va="top", fontsize=6, color="0.4")
     return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png"))
 
 
@@ -65,6 +71,9 @@ def loss_law_figure(path: str, runs, law, *, family_name: str, caption: str) -> 
     res.scatter(runs.n_params, residual, s=10, c=log_d, cmap=cmap)
     res.axhline(0, color="k", lw=0.8)
     res.set(xscale="log", xlabel="parameters N", ylabel="log L - log L_hat", title="residuals")
+    _size_axis(res.xaxis)
+    res.xaxis.set_major_locator(LogLocator(numticks=6))  # unit labels such as "250M" collide when dense
+    res.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
     return save_figure(fig, path, caption)
 
 
@@ -73,21 +82,27 @@ def _size_axis(axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v) if v else "0"))
 
 
-def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str) -> str:
+def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str, largest_run: float | None = None,
+                  predictive: bool = True, plane_fixed: bool = False) -> str:
     """N*(M) at the point fit, the posterior bands, the fitted line (and the paper's, when asked).
 
     With bands, a second panel shows them relative to the posterior median: on the absolute scale
-    a band of a few percent is thinner than the line drawing it.
+    a band of a few percent is thinner than the line drawing it. Targets beyond ``largest_run``
+    (the largest pre-training run) are shaded: there the law is extrapolated; the named targets are
+    marked. ``predictive`` says whether the bands include a new model's residuals; with the
+    acceptance model fixed (``plane_fixed``) its uncertainty is not in the bands, and the legend
+    says so.
     """
     m, n_star, bands, line = prediction.m_grid, np.asarray(prediction.grid.n_star), prediction.bands, \
         prediction.linear_law
     fig = Figure(figsize=(12 if bands is not None else 6.5, 4.5))
     axes = fig.subplots(1, 2 if bands is not None else 1, gridspec_kw=dict(wspace=0.3) if bands is not None else None)
     ax = axes[0] if bands is not None else axes
+    kind = "posterior-predictive" if predictive else "posterior (law's mean)"
     if bands is not None:
         q = list(bands.quantiles)
         ax.fill_between(m, bands.n_star[q.index(0.05)], bands.n_star[q.index(0.95)], alpha=0.3, color="C0",
-                        label="posterior 90% band")
+                        label=f"{kind} 90% band" + (" (acceptance fixed: not in the band)" if plane_fixed else ""))
         ax.fill_between(m, bands.n_star[q.index(0.25)], bands.n_star[q.index(0.75)], alpha=0.5, color="C0",
                         label="50% band")
         ax.plot(m, bands.n_star[q.index(0.5)], color="C0", lw=1, ls=":", label="posterior median")
@@ -101,7 +116,13 @@ def n_star_figure(path: str, prediction, *, compare_to_paper: bool, caption: str
     ax.set(xlabel="target size M (parameters)", ylabel="optimal draft size N*", title="N*(M)")
     _size_axis(ax.xaxis)
     _size_axis(ax.yaxis)
-    ax.legend(fontsize=8)
+    for a in axes if bands is not None else [ax]:
+        if largest_run is not None and m.max() > largest_run:
+            a.axvspan(max(largest_run, m.min()), m.max(), color="0.85", zorder=0,
+                      label="beyond the largest pre-training run" if a is ax else None)
+        for target in np.asarray(prediction.targets).ravel():
+            a.axvline(target, color="0.5", lw=0.6, ls=":")
+    ax.legend(fontsize=7)
     if bands is not None:
         rel = axes[1]
         median = bands.n_star[q.index(0.5)]
@@ -147,21 +168,27 @@ def acceptance_figure(path: str, acceptance, plane, *, model_name: str, caption:
     pred = np.asarray(plane.rate(acceptance.ppl_draft, acceptance.ppl_target))
     sc = ax.scatter(pred, acceptance.alpha, c=np.log10(acceptance.n_target), s=18, cmap="plasma")
     lo, hi = min(pred.min(), acceptance.alpha.min()), max(pred.max(), acceptance.alpha.max())
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
     fig.colorbar(sc, ax=ax, label="log10 target parameters")
-    ax.set(xlabel=f"{model_name}: A={float(plane.A):.4f}, B={float(plane.B):.4f}, C={float(plane.C):.3f}",
-           ylabel="measured alpha", title="Acceptance model")
+    ax.set(xlabel="predicted alpha", ylabel="measured alpha")
+    ax.set_title(f"{model_name}: A={float(plane.A):.4g}, B={float(plane.B):.4g}, C={float(plane.C):.4g}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
     return save_figure(fig, path, caption)
 
 
 def fit_figures(out: str, result, *, runs, acceptance, d_target: float, recipe: Any, cost: Any = SDSL_FLOPS,
-                compare_to_paper: bool, caption: str) -> list[str]:
-    """Every figure of a :class:`sdsl_jax.pipeline.PipelineResult` into ``out``; returns the paths."""
+                compare_to_paper: bool, caption: str, predictive: bool = True) -> list[str]:
+    """Every figure of a :class:`sdsl_jax.pipeline.PipelineResult` into ``out``; returns the paths.
+
+    ``caption``: the command, then (further lines) what the figures assume.
+    """
     point, pred = result.point, result.prediction
     made = [
         loss_law_figure(os.path.join(out, "loss_law_fit.png"), runs, point.law, family_name=point.family.name,
                         caption=caption),
-        n_star_figure(os.path.join(out, "n_star_bands.png"), pred, compare_to_paper=compare_to_paper, caption=caption),
+        n_star_figure(os.path.join(out, "n_star_bands.png"), pred, compare_to_paper=compare_to_paper, caption=caption,
+                      largest_run=float(np.max(runs.n_params)), predictive=predictive,
+                      plane_fixed=not point.plane_fitted),
         throughput_figure(os.path.join(out, "throughput_curves.png"), point, pred.targets, pred.named,
                           d_target=d_target, recipe=recipe, cost=cost, caption=caption),
     ]
