@@ -44,8 +44,10 @@ def test_point_fit_on_shipped_data_writes_summary_and_figures(tmp_path):
 def test_posterior_with_acceptance_data(tmp_path):
     acc = synthetic_acceptance(tmp_path / "acc.csv", np.random.default_rng(0))
     out = tmp_path / "out"
+    # Two named targets: by default a run on user pairs predicts for every measured target (30 here).
     code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150",
-                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--quiet", "--seed", "3"])
+                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--quiet", "--seed", "3",
+                         "--targets", "13e9", "7e10"])
     assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["plane"]["source"].startswith("fitted")
