@@ -197,8 +197,6 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
     One chain, 150 warm-up + 250 draws, on 40-pair plane datasets and on the synthetic ladders
     with per-run effects; the first run of each side (compilation) is reported separately.
     """
-    import contextlib
-
     from experiments.calibration import TRUE_LAW, synthetic_ladder
     from sdsl_jax import SDSL2026, bayes
 
@@ -210,13 +208,12 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
     cases = (("plane, 40 pairs", lambda i: bayes.sample_plane(x[i], y[i], alpha[i], seed=i, **kw)),
              ("loss law with run effects, 28 runs", lambda i: bayes.sample_loss_law(
                  *ladders[i][:3], init=TRUE_LAW, run=ladders[i][3], seed=i, **kw)))
-    rows, reuse = [], bayes._sampling_loop_compiled_once
+    rows = []
     for name, sample in cases:
         times, draws = {}, {}
         for side in ("numpyro", "sdsl_jax"):
-            bayes._mcmc.cache_clear()
-            bayes._sampling_loop_compiled_once = contextlib.nullcontext if side == "numpyro" else reuse
-            try:
+            bayes.clear_sampler_caches()
+            with bayes.compiled_loop_reuse(side == "sdsl_jax"):
                 start = time.perf_counter()
                 first = sample(0)
                 first_s = time.perf_counter() - start
@@ -224,8 +221,6 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
                 runs = [sample(i) for i in range(1, datasets)]
                 times[side] = (first_s, (time.perf_counter() - start) / (datasets - 1))
                 draws[side] = [first, *runs]
-            finally:
-                bayes._sampling_loop_compiled_once = reuse
         same = all(np.array_equal(a.samples[k], b.samples[k]) for a, b in zip(draws["numpyro"], draws["sdsl_jax"])
                    for k in a.samples)
         print(f"nuts {name}: per dataset after the first, NumPyro's loop {times['numpyro'][1]:.2f} s, reused "

@@ -105,14 +105,9 @@ def _release_compiled_code() -> None:
     """
     import gc
 
-    import numpyro.util
-
     from sdsl_jax import bayes
 
-    bayes._mcmc.cache_clear()
-    bayes._jitted_once.cache_clear()
-    getattr(numpyro.util.fori_collect, "_cache", {}).clear()
-    jax.clear_caches()
+    bayes.clear_sampler_caches()
     gc.collect()
 
 

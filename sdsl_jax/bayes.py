@@ -385,13 +385,39 @@ def _sampling_loop_compiled_once():
         numpyro.util.maybe_jit = _NUMPYRO_MAYBE_JIT
 
 
+_reuse_loops = True
+
+
+@contextlib.contextmanager
+def compiled_loop_reuse(enabled: bool):
+    """Within the block, reuse NumPyro's compiled sampling loop across same-shaped runs (the
+    default) or not (NumPyro's own behaviour, which compiles the loop again on every run): the
+    benchmark of the reuse compares both. The draws are the same either way."""
+    global _reuse_loops
+    previous, _reuse_loops = _reuse_loops, enabled
+    try:
+        yield
+    finally:
+        _reuse_loops = previous
+
+
+def clear_sampler_caches() -> None:
+    """Forget every compiled sampler (ours, NumPyro's loop cache and JAX's), e.g. between studies
+    that would otherwise keep many programs alive."""
+    _mcmc.cache_clear()
+    _jitted_once.cache_clear()
+    getattr(numpyro.util.fori_collect, "_cache", {}).clear()
+    jax.clear_caches()
+
+
 def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
               progress_bar, target_accept, summarize, dense_mass=False) -> PosteriorRun:
     shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
                    for leaf in jax.tree.leaves((model_args, init_params)))
     mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass, shapes)
     # numpyro's own x64 and dtype handling sit under "standard" promotion.
-    with jax.numpy_dtype_promotion("standard"), _sampling_loop_compiled_once():
+    reuse = _sampling_loop_compiled_once() if _reuse_loops else contextlib.nullcontext()
+    with jax.numpy_dtype_promotion("standard"), reuse:
         mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=("diverging",))
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
     if not summarize:
