@@ -551,11 +551,13 @@ def outside_band(value: float, band) -> bool:
 
 
 def figure(records: list[dict], path: str) -> None:
+    """One panel per target (measured and predicted T over the drafts, the bands, N*), one legend
+    for all of them below the grid: readable at its committed size."""
     from matplotlib.figure import Figure
 
     cols = min(3, len(records))
     rows = -(-len(records) // cols)
-    fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
+    fig = Figure(figsize=(5.2 * cols, 4.0 * rows + 1.0))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, r in zip(axes.flat, records):
         base = r["target_alone_tokens_per_flop"]
@@ -579,13 +581,18 @@ def figure(records: list[dict], path: str) -> None:
             ax.axvline(r["n_star"], color="C2", lw=1)
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
-        ax.set_title(f"target {r['target']} (M = {_fmt(r['m_target'])})", fontsize=9)
-        ax.set_xlabel("draft parameters N")
-        ax.set_ylabel("tokens/FLOP vs target alone")
+        ax.set_title(f"target {r['target']} (M = {_fmt(r['m_target'])})", fontsize=11)
+        ax.set_xlabel("draft parameters N", fontsize=10)
+        ax.set_ylabel("tokens/FLOP vs target alone", fontsize=10)
     for ax in list(axes.flat)[len(records):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    labels = {}  # every entry any panel has, once (not every panel draws every band)
+    for ax in axes.flat[:len(records)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labels.setdefault(label, handle)
+    fig.legend(list(labels.values()), list(labels), loc="lower center", ncol=min(4, len(labels)), fontsize=10,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.9 / (4.0 * rows + 1.0) + 0.02, 1, 1))
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
 
 
