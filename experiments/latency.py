@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -41,7 +40,8 @@ import numpy as np
 from flax import nnx
 
 from experiments.ladder import PRESETS, rung_config, rung_seed
-from experiments.runlog import Log, configure_jax, exit_on_interrupt, versions, write_json
+from experiments.runlog import (Log, append_stage_line, configure_jax, exit_on_interrupt, read_stage_lines, versions,
+                               write_json)
 from sdsl_jax.data import LATENCY_SCHEMA, LatencyMeasurements, load_latency, save_latency
 from sdsl_jax.model import Transformer, count_params, init_cache
 
@@ -218,14 +218,8 @@ def _measure(args, argv, preset) -> int:
                     repeats=args.repeats, machine=args.machine,
                     loops=None if args.no_loops else dict(gammas=args.loop_gammas, tokens=args.loop_tokens,
                                                           prompt_len=args.loop_prompt_len))
-    done = {}
-    if os.path.exists(stages):
-        with open(stages) as f:
-            for line in f:
-                if line.strip():
-                    entry = json.loads(line)
-                    if entry["settings"] == settings:
-                        done[entry["model"]] = entry["rows"]
+    done = {entry["model"]: entry["rows"] for entry in read_stage_lines(stages, log.warning)
+            if entry.get("settings") == settings}
     log(f"latency on {args.machine}: {len(preset.rungs)} models x batches {args.batches} x k = 1..{args.max_tokens}"
         + (f" ({len(done)} models done earlier)" if done else ""))
     rows = []
@@ -239,8 +233,7 @@ def _measure(args, argv, preset) -> int:
                 done[rung.name] = measure_model(rung.name, models[rung.name], args, log)
                 if not args.no_loops:
                     done[rung.name] += measure_loops(rung.name, models, names, args, log)
-                with open(stages, "a") as f:
-                    f.write(json.dumps(dict(model=rung.name, settings=settings, rows=done[rung.name])) + "\n")
+                append_stage_line(stages, dict(model=rung.name, settings=settings, rows=done[rung.name]))
             rows.extend(done[rung.name])
     columns = {c.name: [r.get(c.name) for r in rows] for c in LATENCY_SCHEMA}
     table = LatencyMeasurements(**{c.name: tuple(columns[c.name]) if c.kind == "str" else

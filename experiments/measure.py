@@ -45,7 +45,8 @@ import numpy as np
 
 from experiments.corpus import hellaswag_prompts, load_corpus
 from experiments.ladder import PRESETS, EvalText, load_model
-from experiments.runlog import Log, exit_on_interrupt, sha256, versions, write_json
+from experiments.runlog import (Log, append_stage_line, exit_on_interrupt, read_stage_lines, sha256, versions,
+                               write_json)
 from sdsl_jax import SDSL_FLOPS, throughput
 from sdsl_jax.acceptance import acceptance_from_distributions
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, load_speculative, save_acceptance, save_pretraining
@@ -164,13 +165,7 @@ def _timed(fn) -> float:
 
 def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dict]:
     """Speculative sampling statistics, FLOPs and interleaved wall-clock for longest-budget pairs."""
-    done = {}
-    if os.path.exists(stages_path):
-        with open(stages_path) as f:
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    done[row["target"], row["draft"], row["gamma"]] = row
+    done = {(row["target"], row["draft"], row["gamma"]): row for row in read_stage_lines(stages_path, log.warning)}
     rung_models = longest_budgets([rec for rec, _ in models.values()])
     prompts = prompts_for(args.prompts, args.prompt_len)
     timing_prompts = prompts[: args.timing_prompts]
@@ -244,8 +239,7 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
             row.update(seconds_median=med, seconds_iqr=float(np.subtract(*np.percentile(times[i], [75, 25]))),
                        tokens_per_second=tokens_timed / med, target_alone_tokens_per_second=tokens_timed / base,
                        wallclock_speedup=base / med, repeats=args.repeats)
-            with open(stages_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_stage_line(stages_path, row)
             done[target_rec["name"], row["draft"], row["gamma"]] = row
         best = max(new_rows, key=lambda r: r["wallclock_speedup"])
         log(f"  wall-clock: target alone {tokens_timed / base:.0f} tokens/s; best {best['draft']} gamma "

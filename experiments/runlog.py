@@ -136,6 +136,39 @@ def write_text(path: str, text: str) -> None:
     _write(path, text)
 
 
+def read_stage_lines(path: str, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The finished units of a JSON-lines stage file (one unit a line, appended as each ends).
+
+    A line that does not parse is the unit that was being written when a run was killed: it is
+    skipped, with one warning, and recomputed. A missing file holds no units.
+    """
+    if not os.path.exists(path):
+        return []
+    units = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                units.append(json.loads(line))
+            except json.JSONDecodeError:
+                if warn is not None:
+                    warn(f"{path}:{number}: an unfinished stage line (a run killed while writing it); recomputing it")
+    return units
+
+
+def append_stage_line(path: str, unit: dict) -> None:
+    """Append one finished unit to a JSON-lines stage file, flushed to disk before returning."""
+    line = json.dumps(unit) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise WriteError(path, err.strerror or str(err)) from None
+
+
 def make_output_folder(path: str, flag: str = "--out") -> str:
     """Create the output folder ``path`` and prove it writable; :class:`WriteError` naming it otherwise.
 
@@ -214,6 +247,9 @@ def run_command(body: Callable[[], int], kept: str) -> int:
         _close_stdout()
         return 141  # as a command killed by SIGPIPE
     except (DataError, UsageError, StoreError, WriteError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file or folder the command could not read or write
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -390,3 +390,27 @@ def test_a_closed_stdout_ends_quietly(tmp_path):
                          shell=True, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert run.stdout.count("\n") == 1
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
+
+
+def test_a_stage_line_cut_by_a_kill_is_skipped_with_one_warning_and_recomputed(tmp_path):
+    from experiments.runlog import append_stage_line, read_stage_lines
+
+    path = tmp_path / "stages.jsonl"
+    append_stage_line(str(path), {"model": "a", "rows": [1, 2]})
+    append_stage_line(str(path), {"model": "b", "rows": [3]})
+    with open(path, "a") as f:
+        f.write('{"model": "c", "ro')  # the unit in flight when the run was killed
+    warnings = []
+    assert read_stage_lines(str(path), warnings.append) == [{"model": "a", "rows": [1, 2]}, {"model": "b", "rows": [3]}]
+    assert len(warnings) == 1 and "stages.jsonl:3: an unfinished stage line" in warnings[0]
+    assert read_stage_lines(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_a_stages_path_that_is_a_file_is_exit_2_for_the_measuring_commands(tmp_path, capsys):
+    from experiments import latency
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stages").write_text("not a folder")
+    assert latency.main(["--preset", "micro", "--no-loops", "--cache-length", "8", "--out", str(out), "--quiet"]) == 2
+    _refused(capsys, "stages")
