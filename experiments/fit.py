@@ -37,8 +37,8 @@ from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, configure_ja
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
                       TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
                       target_alone_cost)
-from sdsl_jax.assumptions import (AnalysisSettings, Setting, SettingsError, extrapolation, perplexity_scale,
-                                  settings_from_data)
+from sdsl_jax.assumptions import (AnalysisSettings, Setting, SettingsError, extrapolation, format_assumptions,
+                                  perplexity_scale, settings_from_data, unlabelled_repeats)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
 from sdsl_jax.store import content_digest
 
@@ -112,15 +112,12 @@ def run_labels_checked(runs, path, args, dataset) -> None:
     (the default when ``run`` is blank) would merge separate runs into one random effect."""
     if args.run_effects == "off" or (dataset.one_run_per_row and not args.pretraining):
         return
-    seen = {}
-    for i, (label, n, d) in enumerate(zip(runs.run, runs.n_params, runs.n_tokens)):
-        if label is None:
-            key = (float(n), float(d))
-            if key in seen:
-                raise DataError(path, None, "run", f"the rows of N = {n:.6g}, D = {d:.6g} (rows {seen[key] + 1} and "
-                                f"{i + 1} of the data) have no run label: two rows at one budget are two runs; give "
-                                "each its own run label (or --run-effects off)")
-            seen[key] = i
+    pair = unlabelled_repeats(runs)
+    if pair is not None:
+        first, second = pair
+        raise DataError(path, None, "run", f"the rows of N = {runs.n_params[first]:.6g}, D = {runs.n_tokens[first]:.6g} "
+                        f"(rows {first + 1} and {second + 1} of the data) have no run label: two rows at one budget are "
+                        "two runs; give each its own run label (or --run-effects off)")
 
 
 def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, family, acceptance_model, dataset,
@@ -139,21 +136,6 @@ def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, 
         runs=("rows independent (--run-effects off)" if args.run_effects == "off" else
               "rows of one size are one training run (the run column is blank)" if blank_runs and not
               (dataset.one_run_per_row and not args.pretraining) else "as labelled"))
-
-
-def assumption_lines(a: dict) -> list[str]:
-    fmt = lambda v: ", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else ("-" if v is None else f"{v:.3g}")
-    lines = ["Assumptions:",
-             f"  data: {a['data']['pretraining']['path']} (sha256 {a['data']['pretraining']['sha256'][:12]})"
-             + (f"; {a['data']['acceptance']['path']} (sha256 {a['data']['acceptance']['sha256'][:12]})"
-                if a["data"]["acceptance"] else "")]
-    for key, name in (("d_draft", "draft budget D"), ("d_target", "target budget D'"), ("targets", "targets M"),
-                      ("m_range", "N*(M) grid")):
-        lines.append(f"  {name}: {fmt(a[key]['value'])} ({a[key]['source']})")
-    lines.append(f"  recipe {a['recipe']}; cost {a['cost']}; loss law {a['law']}; acceptance: {a['acceptance_model']}")
-    if a["runs"] != "as labelled":
-        lines.append(f"  runs: {a['runs']}")
-    return lines
 
 
 def fit_latency(path: str, batch: int):
@@ -327,7 +309,7 @@ def run(args) -> int:
     assumptions = assumptions_record(args, settings, runs=runs, acceptance=acceptance, pre_path=pre_path,
                                      acc_path=acc_path, family=family, acceptance_model=acceptance_model,
                                      dataset=dataset, user_data=user_data, drop=drop)
-    for line in assumption_lines(assumptions):
+    for line in format_assumptions(assumptions):
         log(line)
     if latency_fit is not None:
         c = latency_fit.coef
@@ -516,7 +498,7 @@ def run(args) -> int:
                                        recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
                                        predictive=not args.mean_only,
                                        caption="\n".join(["python -m experiments.fit " + " ".join(args.argv)]
-                                                         + assumption_lines(assumptions)[2:]))
+                                                         + format_assumptions(assumptions)[2:]))
         log("figures: " + ", ".join(made))
     else:
         made = []
@@ -637,7 +619,7 @@ def add_data_checks(summary, law, *, runs, acceptance, log) -> None:
 def print_table(summary, args) -> None:
     """The final table; printed with --quiet too (it is the answer, not progress)."""
     post = summary.get("posterior")
-    print("\n" + "\n".join(assumption_lines(summary["assumptions"])))
+    print("\n" + "\n".join(format_assumptions(summary["assumptions"])))
     law = summary["loss_law"]
     print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
     for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:

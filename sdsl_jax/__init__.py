@@ -15,6 +15,17 @@ by :mod:`sdsl_jax.fitting` and :mod:`sdsl_jax.bayes`, and run end to end by
 ``sdsl_jax.decoding``) are imported on demand, as submodules, to keep this import light.
 """
 
+from sdsl_jax.assumptions import (
+    AnalysisSettings,
+    Extrapolation,
+    PerplexityScale,
+    Setting,
+    SettingsError,
+    extrapolation,
+    perplexity_scale,
+    settings_from_data,
+)
+from sdsl_jax.store import WriteError, atomic_write, content_digest
 from sdsl_jax.acceptance import (
     ACCEPTANCE_MODELS,
     LOG_PLANE,
@@ -91,6 +102,17 @@ from sdsl_jax.speculative import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnalysisSettings",
+    "Extrapolation",
+    "PerplexityScale",
+    "Setting",
+    "SettingsError",
+    "extrapolation",
+    "perplexity_scale",
+    "settings_from_data",
+    "WriteError",
+    "atomic_write",
+    "content_digest",
     "ACCEPTANCE_MODELS",
     "AcceptanceModel",
     "AcceptancePlane",

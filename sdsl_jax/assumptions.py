@@ -23,6 +23,8 @@ __all__ = [
     "extrapolation",
     "PerplexityScale",
     "perplexity_scale",
+    "unlabelled_repeats",
+    "format_assumptions",
 ]
 
 _SAME = 1e-9  # relative spread below which a column holds one value
@@ -231,3 +233,40 @@ def perplexity_scale(law, acceptance, *, limit: float = 1.25) -> PerplexityScale
         "another text or tokenizer than the pre-training losses. The acceptance model is fitted on the measured "
         "perplexities but N* feeds it the law's, so N* is biased; measure both on one text")
     return PerplexityScale(ratio, float(ratios.min()), float(ratios.max()), int(keep.size), bool(consistent), message)
+
+
+def unlabelled_repeats(runs) -> tuple[int, int] | None:
+    """The first two rows (0-based) of one size and one budget that carry no ``run`` label, or None.
+
+    A blank ``run`` groups a size's rows into one training run (checkpoints or branches of one
+    schedule); two rows at the same budget cannot be one run, and grouping them would merge two
+    runs into one random effect.
+    """
+    seen = {}
+    for i, (label, n, d) in enumerate(zip(runs.run, runs.n_params, runs.n_tokens)):
+        if label is None:
+            key = (float(n), float(d))
+            if key in seen:
+                return seen[key], i
+            seen[key] = i
+    return None
+
+
+def format_assumptions(record: dict) -> list[str]:
+    """The ``Assumptions:`` block of a run's record (``summary.json``'s ``assumptions``), line by line."""
+    def fmt(v):
+        return ", ".join(f"{x:.3g}" for x in v) if isinstance(v, list) else ("-" if v is None else f"{v:.3g}")
+
+    data = record["data"]
+    lines = ["Assumptions:",
+             f"  data: {data['pretraining']['path']} (sha256 {data['pretraining']['sha256'][:12]})"
+             + (f"; {data['acceptance']['path']} (sha256 {data['acceptance']['sha256'][:12]})"
+                if data["acceptance"] else "")]
+    for key, name in (("d_draft", "draft budget D"), ("d_target", "target budget D'"), ("targets", "targets M"),
+                      ("m_range", "N*(M) grid")):
+        lines.append(f"  {name}: {fmt(record[key]['value'])} ({record[key]['source']})")
+    lines.append(f"  recipe {record['recipe']}; cost {record['cost']}; loss law {record['law']}; acceptance: "
+                 f"{record['acceptance_model']}")
+    if record["runs"] != "as labelled":
+        lines.append(f"  runs: {record['runs']}")
+    return lines
