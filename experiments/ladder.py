@@ -1,7 +1,9 @@
 """Train the model ladder: byte-level transformers of several sizes, each at several token budgets.
 
     python -m experiments.ladder --preset micro      # CI-sized, seconds
-    python -m experiments.ladder --preset real       # the committed ladder, about 30 minutes on 2 cores
+    python -m experiments.ladder --preset real       # the committed ladder
+    python -m experiments.ladder --preset factorial  # every size at five shared budgets (held-back rungs
+                                                     # only with --held-back PREDICTIONS)
 
 Every rung (model size) is trained ONCE with a warmup-stable-decay schedule and yields one model
 per token budget through decay branches [Hägele et al. 2024, "Scaling Laws and Compute-Optimal
@@ -41,7 +43,7 @@ import optax
 from flax import nnx
 
 from experiments.corpus import BLOCK, HOLDOUT_EVERY, hellaswag_prompts, load_corpus
-from experiments.runlog import Log, exit_on_interrupt, versions, write_json
+from experiments.runlog import Log, UsageError, exit_on_interrupt, versions, write_json
 from experiments.train import data_mesh, init_train_state, make_train_step, run_steps, wsd_schedule
 from sdsl_jax.checkpoint import checkpoint_manager, restore_latest
 from sdsl_jax.measure import text_nll, windows
@@ -60,11 +62,17 @@ class Rung:
     batch_size: int
     peak_lr: float
     note: str = ""
+    held_back: bool = False  # trained only with --held-back, after the predictions for it are committed
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A ladder: its rungs, the budgets as fractions of each rung's final budget, and evaluation sizes."""
+    """A ladder: its rungs, their budgets, and evaluation sizes.
+
+    Budgets are fractions of each rung's final budget (``tokens_per_param`` N), or, with
+    ``shared_budgets``, the same token counts for every rung (a factorial design: model size and
+    training budget vary independently, so the law's N and D terms are separately identified).
+    """
 
     name: str
     rungs: tuple[Rung, ...]
@@ -75,6 +83,7 @@ class Preset:
     eval_windows: int = 256
     seed: int = 0
     checkpoint_every: int = 200
+    shared_budgets: tuple[float, ...] = ()
 
 
 PRESETS = {
@@ -97,6 +106,20 @@ PRESETS = {
                Rung("L5", 96, 2, 3, 20.0, 32, 6e-3), Rung("L6", 96, 4, 3, 20.0, 32, 6e-3),
                Rung("L7", 128, 6, 4, 4.0, 32, 4e-3, note="undertrained wall-clock target")),
         budget_fractions=(0.125, 0.25, 0.5, 1.0)),
+    # The factorial ladder: the real ladder's seven shapes, every one trained on the same five budgets
+    # (0.625M to 10M bytes, a factor of two apart), so that log N and log D are uncorrelated over the
+    # rows; and two held-back models, a 2.5M-parameter target larger than any other and a draft
+    # between L2 and L3, trained only after the predictions for them are committed
+    # (fits/ladder/preregistered/predictions.json).
+    "factorial": Preset(
+        name="factorial",
+        rungs=(Rung("L1", 32, 1, 1, 0.0, 16, 1e-2), Rung("L2", 48, 1, 1, 0.0, 16, 1e-2),
+               Rung("L3", 64, 1, 2, 0.0, 16, 1e-2), Rung("L4", 64, 2, 2, 0.0, 32, 1e-2),
+               Rung("L5", 96, 2, 3, 0.0, 32, 6e-3), Rung("L6", 96, 4, 3, 0.0, 32, 6e-3),
+               Rung("L7", 128, 6, 4, 0.0, 32, 4e-3),
+               Rung("H2", 56, 1, 1, 0.0, 16, 1e-2, note="held back: a draft between L2 and L3", held_back=True),
+               Rung("H8", 160, 8, 5, 0.0, 32, 3e-3, note="held back: the target beyond the ladder", held_back=True)),
+        budget_fractions=(), shared_budgets=(0.625e6, 1.25e6, 2.5e6, 5e6, 1e7)),
 }
 
 
@@ -134,8 +157,11 @@ def _n_params(rung: Rung, preset: Preset) -> int:
 
 def plan_rung(rung: Rung, preset: Preset, n_params: int) -> Plan:
     tokens_per_step = rung.batch_size * preset.seq_len
-    final = max(1, math.ceil(rung.tokens_per_param * n_params / tokens_per_step))
-    budgets = tuple(sorted({max(2, round(f * final)) for f in preset.budget_fractions}))
+    if preset.shared_budgets:
+        budgets = tuple(sorted({max(2, round(b / tokens_per_step)) for b in preset.shared_budgets}))
+    else:
+        final = max(1, math.ceil(rung.tokens_per_param * n_params / tokens_per_step))
+        budgets = tuple(sorted({max(2, round(f * final)) for f in preset.budget_fractions}))
     forks = tuple(b - max(1, round(preset.decay_fraction * b)) for b in budgets)
     warmup = max(1, min(preset.max_warmup_steps, forks[0] // 2))
     return Plan(n_params, tokens_per_step, warmup, budgets, forks)
@@ -250,7 +276,10 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="micro", help="ladder to train (micro)")
     p.add_argument("--out", default=None, help="output folder (out/ladder/<preset>)")
-    p.add_argument("--rungs", default=None, help="comma-separated rung names to train (all)")
+    p.add_argument("--rungs", default=None, help="comma-separated rung names to train (all that are not held back)")
+    p.add_argument("--held-back", metavar="PREDICTIONS", default=None,
+                   help="also train the held-back rungs; PREDICTIONS is the committed predictions file for them, "
+                        "which must exist (a held-back model is trained only after its prediction is registered)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -266,11 +295,20 @@ def main(argv=None) -> int:
 def _train_ladder(args, argv, preset, out) -> int:
     log = Log(args.quiet)
     names = [r.name for r in preset.rungs]
-    chosen = names if args.rungs is None else args.rungs.split(",")
+    held_back = {r.name for r in preset.rungs if r.held_back}
+    chosen = [n for n in names if n not in held_back] if args.rungs is None else args.rungs.split(",")
+    if args.held_back is not None:
+        if not os.path.isfile(args.held_back):
+            raise UsageError(f"--held-back {args.held_back}: no such predictions file; commit the predictions for "
+                             "the held-back models before training them")
+        chosen += [n for n in names if n in held_back and n not in chosen]
     unknown = sorted(set(chosen) - set(names))
     if unknown:
         print(f"error: --rungs: unknown rung(s) {unknown}; preset '{preset.name}' has {names}", file=sys.stderr)
         return 2
+    if held_back & set(chosen) and args.held_back is None:
+        raise UsageError(f"--rungs names held-back rung(s) {sorted(held_back & set(chosen))}: give --held-back "
+                         "PREDICTIONS (their committed predictions) to train them")
     corpus = load_corpus()
     evaluation = EvalText(corpus.test, length=preset.seq_len, count=preset.eval_windows)
     log(f"corpus: {len(corpus.train):,} training bytes, {len(corpus.test):,} held out; "
