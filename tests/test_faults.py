@@ -362,11 +362,14 @@ def test_ctrl_c_inside_nuts_ends_within_seconds_and_keeps_the_finished_stages(tm
     out = tmp_path / "out"
     # Long chains: without the interrupt watcher Ctrl-C would wait for the compiled loop to return.
     # As from a terminal: a runner started in the background of a shell without job control (as CI may
-    # be) passes SIGINT on ignored, and an ignored signal is never delivered.
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.fit", "--starts", "100", "--no-figures", "--posterior",
-                             "--chains", "1", "--warmup", "20000", "--draws", "20000", "--out", str(out)], cwd=ROOT,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # be) passes SIGINT on ignored, and an ignored signal is never delivered; the command gets Python's
+    # own handler back first (no preexec_fn: forking a threaded test process is unsafe).
+    argv = ["experiments.fit", "--starts", "100", "--no-figures", "--posterior", "--chains", "1", "--warmup", "20000",
+            "--draws", "20000", "--out", str(out)]
+    launcher = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                f"sys.argv = {argv!r}; runpy.run_module('experiments.fit', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:
             if "posterior: NUTS" in line:
