@@ -28,6 +28,7 @@ import shutil
 import sys
 import time
 import warnings
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -252,10 +253,55 @@ def interval(draws, level=0.9):
     return dict(median=float(med), lo90=float(lo), hi90=float(hi))
 
 
-def run(args) -> int:
-    from sdsl_jax import pipeline  # after configure_jax: the pipeline's compiled code is float64
+class Inputs(NamedTuple):
+    """Everything a run reads and decides before it writes anything (``prepare``)."""
 
+    dataset: Any
+    user_data: bool
+    pre_path: str
+    acc_path: str | None
+    drop: int
+    runs: Any
+    acceptance: Any
+    family: Any
+    acceptance_model: Any
+    cost: Any
+    latency_fit: Any
+    latency_rows: Any
+    settings: Any
+    recipe: Any
+
+
+def run(args) -> int:
+    """The command: prepare (read and check everything), fit and predict, write, print."""
     log = Log(args.quiet)
+    inputs = prepare(args)
+    make_output_folder(args.out)
+    assumptions = assumptions_record(args, inputs.settings, runs=inputs.runs, acceptance=inputs.acceptance,
+                                     pre_path=inputs.pre_path, acc_path=inputs.acc_path, family=inputs.family,
+                                     acceptance_model=inputs.acceptance_model, dataset=inputs.dataset,
+                                     user_data=inputs.user_data, drop=inputs.drop)
+    announce(args, inputs, assumptions, log)
+    result, stacking, starts = fit_and_predict(args, inputs, log)
+    summary = summary_record(args, inputs, result, assumptions=assumptions, starts=starts)
+    strict_failure = add_posterior_record(summary, args, inputs, result, log) if result.posterior is not None else False
+    if stacking is not None:
+        summary["stacking"] = stacking
+    if result.sensitivity is not None:
+        summary["plane_sensitivity"] = dict(
+            meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
+            m_target=np.asarray(result.prediction.targets).tolist(),
+            **{k: v.tolist() for k, v in result.sensitivity.items()})
+    add_data_checks(summary, result.point.law, runs=inputs.runs, acceptance=inputs.acceptance, log=log)
+    write_json(os.path.join(args.out, "summary.json"), summary, strict=True)
+    write_figures_and_clean(args, inputs, result, assumptions, log)
+    print_table(summary, args)
+    log(f"wrote {os.path.join(args.out, 'summary.json')}")
+    return 3 if (args.strict and strict_failure) else 0
+
+
+def prepare(args) -> Inputs:
+    """Every argument and input checked and loaded, the settings resolved; nothing written yet."""
     dataset = DATASETS[args.dataset]
     user_data = bool(args.pretraining or args.acceptance)  # then no shipped dataset's settings apply
     pre_path = args.pretraining or dataset.pretraining
@@ -277,7 +323,7 @@ def run(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     family, acceptance_model = FAMILIES[args.law], ACCEPTANCE_MODELS[args.acceptance_model]
-    latency_fit = None
+    latency_fit = latency_rows = None
     if (args.cost == "latency") != (args.latency is not None):
         raise UsageError("--cost latency and --latency PATH go together (the latency model is fitted from PATH)")
     if args.cost == "latency":
@@ -305,10 +351,13 @@ def run(args) -> int:
         raise UsageError(f"--m-min ({args.m_min:g}) must be below --m-max ({args.m_max:g})")
     recipe = parse_recipe(args.recipe, args.d_draft)
     run_labels_checked(runs, pre_path, args, dataset)
-    make_output_folder(args.out)
-    assumptions = assumptions_record(args, settings, runs=runs, acceptance=acceptance, pre_path=pre_path,
-                                     acc_path=acc_path, family=family, acceptance_model=acceptance_model,
-                                     dataset=dataset, user_data=user_data, drop=drop)
+    return Inputs(dataset, user_data, pre_path, acc_path, drop, runs, acceptance, family, acceptance_model, cost,
+                  latency_fit, latency_rows, settings, recipe)
+
+
+def announce(args, inputs: Inputs, assumptions: dict, log) -> None:
+    """The assumptions, the latency model and the data, before the long work starts."""
+    latency_fit, latency_rows, runs, acceptance = inputs.latency_fit, inputs.latency_rows, inputs.runs, inputs.acceptance
     for line in format_assumptions(assumptions):
         log(line)
     if latency_fit is not None:
@@ -321,11 +370,18 @@ def run(args) -> int:
         beyond = max(args.m_max, max(args.targets)) / latency_rows.n_params.max()
         if beyond > 1.5:
             log(f"WARNING: the targets reach {beyond:.3g}x the largest timed model: the latency model is extrapolated")
-    log(f"data: {len(runs)} pre-training runs from {pre_path}"
-        + (f" ({drop} highest-loss dropped)" if drop else "")
-        + (f"; {len(acceptance)} acceptance pairs from {acc_path}" if acceptance else
+    log(f"data: {len(runs)} pre-training runs from {inputs.pre_path}"
+        + (f" ({inputs.drop} highest-loss dropped)" if inputs.drop else "")
+        + (f"; {len(acceptance)} acceptance pairs from {inputs.acc_path}" if acceptance else
            "; no acceptance data: plane fixed at SDSL2026"))
 
+
+def fit_and_predict(args, inputs: Inputs, log):
+    """The pipeline (point fits, posteriors, N*) and, with --stack, the other forms: ``(result, stacking, starts)``."""
+    from sdsl_jax import pipeline  # after configure_jax: the pipeline's compiled code is float64
+
+    runs, acceptance, family, acceptance_model = inputs.runs, inputs.acceptance, inputs.family, inputs.acceptance_model
+    dataset, drop, cost, recipe = inputs.dataset, inputs.drop, inputs.cost, inputs.recipe
     last = [0.0]
 
     def progress(rnd, active, total):
@@ -378,21 +434,30 @@ def run(args) -> int:
                                        acceptance_model=acceptance_model, cost=cost, recipe=recipe, m_grid=m_grid,
                                        named=named, fingerprint=fingerprint, run_effects=run_effects,
                                        model_effects=model_effects, log=log)
-    point, post, pred = result.point, result.posterior, result.prediction
-    grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
+    grid_sol, named_sol, line = result.prediction.grid, result.prediction.named, result.prediction.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
     log(f"N*: solved {len(m_grid) - failed}/{len(m_grid)} grid targets"
         + (f"; mu={float(line.mu):.4e} M0={float(line.m0):.4e}" if line else ""))
     statuses = np.concatenate([np.asarray(grid_sol.status).ravel(), np.asarray(named_sol.status).ravel()])
     for code in sorted(set(statuses.tolist()) - {0}):
         log(f"  {int(np.sum(statuses == code))} target(s) unsolved: {status_message(code)}")
+    return result, stacking, starts
 
+
+def summary_record(args, inputs: Inputs, result, *, assumptions: dict, starts) -> dict:
+    """summary.json without the posterior's part: provenance, settings, point fits, N* per target and grid."""
+    runs, acceptance, family, acceptance_model = inputs.runs, inputs.acceptance, inputs.family, inputs.acceptance_model
+    latency_fit, latency_rows, cost = inputs.latency_fit, inputs.latency_rows, inputs.cost
+    pre_path, acc_path, drop = inputs.pre_path, inputs.acc_path, inputs.drop
+    point, post, pred = result.point, result.posterior, result.prediction
+    grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
+    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
     throughput_key = "tokens_per_second" if latency_fit is not None else "tokens_per_flop"
     plane = point.plane
     plane_info = (dict(source="fitted (weighted least squares)", model=acceptance_model.name,
                        r_squared=point.plane_r_squared) if point.plane_fitted
                   else dict(source="SDSL2026 (paper's values, fixed: no acceptance data)", model="plane"))
-    summary = dict(
+    return dict(
         command="python -m experiments.fit " + " ".join(args.argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         seed=args.seed, versions=versions(),
@@ -429,73 +494,75 @@ def run(args) -> int:
                   gamma_star=np.asarray(grid_sol.gamma_star).tolist()),
     )
 
-    strict_failure = False
-    if post is not None:
-        diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
-        for name, diag in diagnostics.items():
-            if diag["ok"]:
-                log(f"diagnostics ({name}): OK (max R-hat {diag['max_rhat']:.3f}, min bulk ESS "
-                    f"{diag['min_ess_bulk']:.0f}, {diag['num_divergences']} divergences)")
-            else:
-                strict_failure = True
-                banner = "!" * 78
-                log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
-                    f"Do not trust its bands. {diagnostics_advice(name, post)}\n{banner}")
-        bands, nb = pred.bands, pred.target_bands
-        laws, planes = result.draws
-        q = list(bands.quantiles)
-        i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
-        for j, target in enumerate(summary["targets"]):
-            target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
-                          n_star_hi90=float(nb.n_star[i95, j]),
-                          m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
-                          m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
-                          gamma_star_lo90=float(nb.gamma_star[i05, j]),
-                          gamma_star_hi90=float(nb.gamma_star[i95, j]),
-                          speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
-                          speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
-                          failed_fraction=float(nb.failed_fraction[j]))
-        ident = post.identification
-        summary["posterior"] = dict(
-            diagnostics=diagnostics,
-            identification=dict(
-                meaning="contraction = 1 - posterior variance / prior variance, in the law's fitting coordinates; "
-                        "flags: parameters the data do not identify",
-                contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
-            loss_law={k: interval(v) for k, v in laws._asdict().items()},
-            residuals=dict(
-                meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
-                        "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
-                        "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
-                        "effects); the bands include them unless --mean-only",
-                **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
-                   for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
-                **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
-                    np.asarray(post.plane_run.samples[k]).reshape(-1))
-                    for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
-                   if post.plane_run is not None else {})),
-            plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
-            linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
-            bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
-                       m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
-                       **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
-        )
-    if stacking is not None:
-        summary["stacking"] = stacking
-    if result.sensitivity is not None:
-        summary["plane_sensitivity"] = dict(
-            meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
-            m_target=named.tolist(), **{k: v.tolist() for k, v in result.sensitivity.items()})
 
-    add_data_checks(summary, point.law, runs=runs, acceptance=acceptance, log=log)
-    write_json(os.path.join(args.out, "summary.json"), summary, strict=True)
+def add_posterior_record(summary: dict, args, inputs: Inputs, result, log) -> bool:
+    """The posterior's part of summary.json (diagnostics, identification, bands); True when a check failed."""
+    cost, point, post, pred = inputs.cost, result.point, result.posterior, result.prediction
+    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
+    throughput_key = "tokens_per_second" if inputs.latency_fit is not None else "tokens_per_flop"
+    strict_failure = False
+    diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
+    for name, diag in diagnostics.items():
+        if diag["ok"]:
+            log(f"diagnostics ({name}): OK (max R-hat {diag['max_rhat']:.3f}, min bulk ESS "
+                f"{diag['min_ess_bulk']:.0f}, {diag['num_divergences']} divergences)")
+        else:
+            strict_failure = True
+            banner = "!" * 78
+            log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
+                f"Do not trust its bands. {diagnostics_advice(name, post)}\n{banner}")
+    bands, nb = pred.bands, pred.target_bands
+    laws, planes = result.draws
+    q = list(bands.quantiles)
+    i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
+    for j, target in enumerate(summary["targets"]):
+        target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
+                      n_star_hi90=float(nb.n_star[i95, j]),
+                      m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
+                      m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
+                      gamma_star_lo90=float(nb.gamma_star[i05, j]),
+                      gamma_star_hi90=float(nb.gamma_star[i95, j]),
+                      speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
+                      speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
+                      failed_fraction=float(nb.failed_fraction[j]))
+    ident = post.identification
+    summary["posterior"] = dict(
+        diagnostics=diagnostics,
+        identification=dict(
+            meaning="contraction = 1 - posterior variance / prior variance, in the law's fitting coordinates; "
+                    "flags: parameters the data do not identify",
+            contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
+        loss_law={k: interval(v) for k, v in laws._asdict().items()},
+        residuals=dict(
+            meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
+                    "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
+                    "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
+                    "effects); the bands include them unless --mean-only",
+            **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
+               for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
+            **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
+                np.asarray(post.plane_run.samples[k]).reshape(-1))
+                for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
+               if post.plane_run is not None else {})),
+        plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
+        linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
+        bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
+                   m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
+                   **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
+    )
+    return strict_failure
+
+
+def write_figures_and_clean(args, inputs: Inputs, result, assumptions: dict, log) -> None:
+    """The figures, then the folder cleared of what an earlier run with other options left."""
+    post = result.posterior
     if not args.no_figures:
         from sdsl_jax import figures
 
         log("figures: drawing")
         with log.heartbeat(8.0):
-            made = figures.fit_figures(args.out, result, runs=runs, acceptance=acceptance, d_target=args.d_target,
-                                       recipe=recipe, cost=cost, compare_to_paper=dataset.compare_to_paper,
+            made = figures.fit_figures(args.out, result, runs=inputs.runs, acceptance=inputs.acceptance, d_target=args.d_target,
+                                       recipe=inputs.recipe, cost=inputs.cost, compare_to_paper=inputs.dataset.compare_to_paper,
                                        predictive=not args.mean_only,
                                        caption="\n".join(["python -m experiments.fit " + " ".join(args.argv)]
                                                          + format_assumptions(assumptions)[2:]))
@@ -513,9 +580,6 @@ def run(args) -> int:
         path = os.path.abspath(os.path.join(args.out, name))
         if path not in written and os.path.isfile(path):
             os.remove(path)
-    print_table(summary, args)
-    log(f"wrote {os.path.join(args.out, 'summary.json')}")
-    return 3 if (args.strict and strict_failure) else 0
 
 
 def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cost, recipe, m_grid, named, fingerprint,
