@@ -43,13 +43,15 @@ class Log:
 
     def __init__(self, quiet: bool = False):
         self.quiet, self.t0 = quiet, time.perf_counter()
-        self._last_time, self._last_msg = self.t0, ""
+        self._last_time, self._last_msg, self._step_start = self.t0, "", self.t0
         self._lock = threading.Lock()
 
     def __call__(self, msg: str, end: str = "\n") -> None:
         with self._lock:
             now = time.perf_counter()
-            self._last_time, self._last_msg = now, msg if not msg.startswith("  ... ") else self._last_msg
+            if not msg.startswith("  ... "):  # a new step (heartbeat lines continue the current one)
+                self._last_msg, self._step_start = msg, now
+            self._last_time = now
             if not self.quiet:
                 try:
                     print(f"[{now - self.t0:6.1f}s] {msg}", end=end, flush=True)
@@ -73,9 +75,10 @@ class Log:
         def beat():
             while not stop.wait(0.25):
                 with self._lock:
-                    silent, step = time.perf_counter() - self._last_time, self._last_msg
+                    now = time.perf_counter()
+                    silent, step, running = now - self._last_time, self._last_msg, now - self._step_start
                 if silent >= seconds:
-                    self(f"  ... still working on: {_shorten(step)}")
+                    self(f"  ... still working ({running:.0f} s on this step): {_shorten(step)}")
 
         thread = threading.Thread(target=beat, name="sdsl-heartbeat", daemon=True)
         thread.start()
@@ -86,7 +89,7 @@ class Log:
             thread.join()
 
 
-def _shorten(text: str, width: int = 90) -> str:
+def _shorten(text: str, width: int = 150) -> str:
     text = text.strip().splitlines()[0] if text.strip() else "(starting)"
     return text if len(text) <= width else text[: width - 3] + "..."
 
