@@ -503,9 +503,11 @@ def add_posterior_record(summary: dict, args, inputs: Inputs, result, log) -> bo
     strict_failure = False
     diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
     for name, diag in diagnostics.items():
+        geometry = (f"; {diag['mean_steps']:.0f} leapfrog steps per draw, {diag['max_tree_depth_share']:.0%} of draws "
+                    "at the maximum tree depth" if np.isfinite(diag.get("mean_steps", np.nan)) else "")
         if diag["ok"]:
             log(f"diagnostics ({name}): OK (max R-hat {diag['max_rhat']:.3f}, min bulk ESS "
-                f"{diag['min_ess_bulk']:.0f}, {diag['num_divergences']} divergences)")
+                f"{diag['min_ess_bulk']:.0f}, {diag['num_divergences']} divergences{geometry})")
         else:
             strict_failure = True
             banner = "!" * 78

@@ -289,13 +289,21 @@ plane_model = plane_model_for(PLANE)
 
 
 class Diagnostics(NamedTuple):
-    """Convergence checks of a posterior run; ``ok`` is False when any check fails."""
+    """Convergence checks of a posterior run; ``ok`` is False when any check fails.
+
+    ``mean_steps`` (leapfrog steps per draw) and ``max_tree_depth_share`` (the share of draws whose
+    trajectory reached NUTS's maximum tree depth) describe the sampler's geometry: hundreds of steps
+    per draw, or many draws at the cap, mean a badly scaled posterior that costs time (reported, not
+    yet a failed check). NaN where not recorded.
+    """
 
     max_rhat: float
     min_ess_bulk: float
     num_divergences: int
     ok: bool
     problems: tuple[str, ...]
+    mean_steps: float = float("nan")
+    max_tree_depth_share: float = float("nan")
 
 
 class PosteriorRun(NamedTuple):
@@ -307,7 +315,8 @@ class PosteriorRun(NamedTuple):
 
 
 def check_diagnostics(
-    idata: az.InferenceData, divergences: int, *, var_names, max_rhat: float = 1.01, min_ess: float = 400.0
+    idata: az.InferenceData, divergences: int, *, var_names, max_rhat: float = 1.01, min_ess: float = 400.0,
+    num_steps=None, max_tree_depth: int = 10,
 ) -> Diagnostics:
     """Split R-hat (rank-normalised), bulk ESS and divergences against the usual thresholds.
 
@@ -325,11 +334,18 @@ def check_diagnostics(
         problems.append(f"bulk ESS {worst_ess:.0f} <= {min_ess:.0f} (too few effective draws)")
     if divergences:
         problems.append(f"{divergences} divergent transitions")
-    return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems))
+    steps = np.asarray(num_steps if num_steps is not None else np.nan, np.float64).ravel()
+    at_cap = float(np.mean(steps >= 2**max_tree_depth - 1)) if num_steps is not None else float("nan")
+    return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems),
+                       float(np.mean(steps)), at_cap)
 
 
 def _chain_method(num_chains: int) -> str:
     return "parallel" if jax.local_device_count() >= num_chains > 1 else "vectorized"
+
+
+MAX_TREE_DEPTH = 10
+"""NUTS's maximum tree depth (NumPyro's default): at most 2^10 - 1 leapfrog steps per draw."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -340,7 +356,8 @@ def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accep
     # starting points) is only part of the key: an MCMC object holds state traced for one set of
     # shapes (its vectorised chains fail on another), so other shapes get their own.
     return MCMC(
-        NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass), num_warmup=num_warmup,
+        NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass, max_tree_depth=MAX_TREE_DEPTH),
+        num_warmup=num_warmup,
         num_samples=num_samples,
         num_chains=num_chains, chain_method=_chain_method(num_chains), progress_bar=progress_bar,
         jit_model_args=True,
@@ -418,15 +435,19 @@ def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warm
     # numpyro's own x64 and dtype handling sit under "standard" promotion.
     reuse = _sampling_loop_compiled_once() if _reuse_loops else contextlib.nullcontext()
     with jax.numpy_dtype_promotion("standard"), reuse:
-        mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=("diverging",))
+        mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params,
+                 extra_fields=("diverging", "num_steps"))
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
     if not summarize:
         return PosteriorRun(samples, None, None)
-    divergences = int(np.sum(np.asarray(mcmc.get_extra_fields()["diverging"])))
+    extra = mcmc.get_extra_fields()
+    divergences = int(np.sum(np.asarray(extra["diverging"])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         idata = az.from_numpyro(mcmc, log_likelihood=False)  # pointwise terms: MBs we never use
-    return PosteriorRun(samples, idata, check_diagnostics(idata, divergences, var_names=var_names))
+    return PosteriorRun(samples, idata, check_diagnostics(idata, divergences, var_names=var_names,
+                                                          num_steps=np.asarray(extra["num_steps"]),
+                                                          max_tree_depth=MAX_TREE_DEPTH))
 
 
 def _jittered(centre: dict[str, float], num_chains: int, seed: int, scale: float) -> dict[str, jax.Array]:

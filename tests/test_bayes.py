@@ -26,6 +26,8 @@ def test_plane_posterior_recovers_truth_and_passes_diagnostics():
         lo, hi = np.quantile(run.samples[k], [0.005, 0.995])
         assert lo <= getattr(SDSL2026, k) <= hi, k
     assert run.inference_data.posterior["A"].shape == (4, 500)
+    # A well-scaled 4-parameter posterior: a few leapfrog steps per draw, none at the tree-depth cap.
+    assert 1 <= run.diagnostics.mean_steps < 64 and run.diagnostics.max_tree_depth_share == 0.0
 
 
 def test_diagnostics_flag_disagreeing_chains_and_divergences():
@@ -37,6 +39,11 @@ def test_diagnostics_flag_disagreeing_chains_and_divergences():
     good = az.from_dict(posterior={"theta": rng.normal(0, 1, (4, 1000))})
     assert check_diagnostics(good, 0, var_names=["theta"]).ok
     assert not check_diagnostics(good, 3, var_names=["theta"]).ok
+    # The sampler's geometry: mean leapfrog steps per draw and the share of draws at the depth cap.
+    steps = np.array([[3, 7, 1023, 15], [1023, 1023, 7, 3]])
+    geometry = check_diagnostics(good, 0, var_names=["theta"], num_steps=steps, max_tree_depth=10)
+    assert geometry.mean_steps == pytest.approx(steps.mean()) and geometry.max_tree_depth_share == 3 / 8
+    assert np.isnan(check_diagnostics(good, 0, var_names=["theta"]).mean_steps)
 
 
 def test_propagation_of_identical_draws_collapses_to_the_point_solution():
