@@ -36,8 +36,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
-                               write_text)
+from experiments.runlog import (Log, UsageError, check_arguments, configure_jax, make_output_folder, run_command,
+                               versions, write_json, write_text)
 from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput,
                       solve_draft_size)
 from sdsl_jax.data import DataError, SpeculativeRuns, load_acceptance, load_pretraining, load_speculative
@@ -679,11 +679,7 @@ def main(argv=None) -> int:
 
 def validate_args(args) -> None:
     """Every argument checked before any work or file (UsageError names the argument)."""
-    for name in ("chains", "warmup", "draws", "propagate", "starts"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
+    check_arguments(args, at_least_one=("chains", "warmup", "draws", "propagate", "starts"), out=args.out)
     try:
         stacked_forms(args)
     except ValueError as err:

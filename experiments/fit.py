@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from experiments.datasets import DATASETS
-from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, configure_jax, default_compile_cache,
-                               make_output_folder, run_command, versions, write_json)
+from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, check_arguments, configure_jax,
+                               default_compile_cache, make_output_folder, run_command, versions, write_json)
 from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
                       TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
                       target_alone_cost)
@@ -73,12 +73,8 @@ def validate_args(args, drop: int) -> None:
         raise UsageError(f"--starts K uses every K-th start: K must be at least 1, got {args.starts}")
     if drop < 0:
         raise UsageError(f"--drop-highest-loss must be >= 0, got {drop}")
-    for name in ("chains", "warmup", "draws"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_arguments(args, at_least_one=("chains", "warmup", "draws"), out=args.out)
     out = os.path.abspath(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
     parent = os.path.dirname(out)
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)

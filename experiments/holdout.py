@@ -30,8 +30,8 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
-                               write_text)
+from experiments.runlog import (Log, UsageError, check_arguments, configure_jax, make_output_folder, run_command,
+                               versions, write_json, write_text)
 from sdsl_jax.data import load_acceptance, load_pretraining
 
 
@@ -265,11 +265,7 @@ def main(argv=None) -> int:
 def _run(args, argv) -> int:
     from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 
-    for name in ("chains", "warmup", "draws", "starts"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
+    check_arguments(args, at_least_one=("chains", "warmup", "draws", "starts"), out=args.out)
     log = Log(args.quiet)
     laws, models = [x for x in args.laws.split(",") if x], [m for m in args.acceptance_models.split(",") if m]
     unknown = [x for x in laws if x not in FAMILIES] + [m for m in models if m not in ACCEPTANCE_MODELS]

@@ -43,7 +43,7 @@ import optax
 from flax import nnx
 
 from experiments.corpus import BLOCK, HOLDOUT_EVERY, hellaswag_prompts, load_corpus
-from experiments.runlog import Log, UsageError, exit_on_interrupt, versions, write_json
+from experiments.runlog import Log, UsageError, run_command, versions, write_json
 from experiments.train import data_mesh, init_train_state, make_train_step, run_steps, wsd_schedule
 from sdsl_jax.checkpoint import checkpoint_manager, restore_latest
 from sdsl_jax.measure import text_nll, windows
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     preset = PRESETS[args.preset]
     out = args.out or os.path.join("out", "ladder", preset.name)
-    return exit_on_interrupt(lambda: _train_ladder(args, argv, preset, out),
+    return run_command(lambda: _train_ladder(args, argv, preset, out),
                              f"finished models and checkpoints are kept in {out}; rerun the same command to continue")
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.ladder import PRESETS, rung_config, rung_seed
-from experiments.runlog import (Log, append_stage_line, configure_jax, exit_on_interrupt, read_stage_lines, versions,
+from experiments.runlog import (Log, append_stage_line, configure_jax, run_command, read_stage_lines, versions,
                                write_json)
 from sdsl_jax.data import LATENCY_SCHEMA, LatencyMeasurements, load_latency, save_latency
 from sdsl_jax.model import Transformer, count_params, init_cache
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
               f"context {preset.seq_len}", file=sys.stderr)
         return 2
     configure_jax(devices=1)
-    return exit_on_interrupt(lambda: _measure(args, argv, preset),
+    return run_command(lambda: _measure(args, argv, preset),
                              f"finished models are kept in {os.path.join(args.out, 'stages')}; rerun the same command "
                              "to continue")
 

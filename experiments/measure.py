@@ -45,7 +45,7 @@ import numpy as np
 
 from experiments.corpus import hellaswag_prompts, load_corpus
 from experiments.ladder import PRESETS, EvalText, load_model
-from experiments.runlog import (Log, append_stage_line, exit_on_interrupt, read_stage_lines, sha256, versions,
+from experiments.runlog import (Log, append_stage_line, run_command, read_stage_lines, sha256, versions,
                                write_json)
 from sdsl_jax import SDSL_FLOPS, throughput
 from sdsl_jax.acceptance import acceptance_from_distributions
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     preset = PRESETS[args.preset]
     ladder_dir = args.ladder or os.path.join("out", "ladder", preset.name)
     out = args.out or os.path.join(ladder_dir, "measure")
-    return exit_on_interrupt(lambda: _measure(args, argv, preset, ladder_dir, out),
+    return run_command(lambda: _measure(args, argv, preset, ladder_dir, out),
                              f"finished stages are kept in {os.path.join(out, 'stages')}; rerun the same command to "
                              "continue")
 

@@ -26,7 +26,7 @@ from importlib import metadata
 from typing import Callable
 
 from sdsl_jax.data import DataError
-from sdsl_jax.store import StoreError, WriteError, remove_partial_writes
+from sdsl_jax.store import StoreError, WriteError, remove_partial_writes, write_text
 
 
 class UsageError(Exception):
@@ -132,11 +132,14 @@ def write_json(path: str, obj, *, strict: bool = False) -> None:
     write_text(path, text)
 
 
-def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically; :class:`WriteError` names the path on failure."""
-    from sdsl_jax.store import write_text as _write
-
-    _write(path, text)
+def check_arguments(args, *, at_least_one: tuple[str, ...] = (), out: str | None = None) -> None:
+    """The checks every command makes before any work: each named count at least 1, and an ``--out``
+    that is a folder or does not exist yet (UsageError naming the flag)."""
+    for name in at_least_one:
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out} exists and is not a folder")
 
 
 def read_stage_lines(path: str, warn: Callable[[str], None] | None = None) -> list[dict]:
@@ -260,11 +263,6 @@ def run_command(body: Callable[[], int], kept: str) -> int:
         return 130
     finally:
         watcher.stop()
-
-
-def exit_on_interrupt(run: Callable[[], int], kept: str) -> int:
-    """:func:`run_command` (its former name)."""
-    return run_command(run, kept)
 
 
 def _close_stdout() -> None:

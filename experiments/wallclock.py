@@ -28,8 +28,8 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import (Log, UsageError, configure_jax, make_output_folder, run_command, versions, write_json,
-                               write_text)
+from experiments.runlog import (Log, UsageError, check_arguments, configure_jax, make_output_folder, run_command,
+                               versions, write_json, write_text)
 from sdsl_jax.data import DataError, load_latency, load_speculative
 from sdsl_jax.latency import held_out_tokens_for
 
@@ -293,13 +293,9 @@ def main(argv=None) -> int:
 def _run(args, argv) -> int:
     from sdsl_jax.latency import FORMS
 
-    for name in ("draws", "batch"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_arguments(args, at_least_one=("draws", "batch"), out=args.out)
     if args.form != "auto" and args.form not in FORMS:
         raise UsageError(f"--form {args.form!r} is not auto or one of {sorted(FORMS)}")
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
     log = Log(args.quiet)
     paths = dict(latency=os.path.join(args.data, "latency.csv"), speculative=os.path.join(args.data, "speculative.csv"))
     latency, spec = load_latency(paths["latency"]), load_speculative(paths["speculative"])
