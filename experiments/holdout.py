@@ -121,7 +121,7 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
     training pairs also hold keeps its posterior effect; the held-out size's models are new
     and draw theirs (one per model, shared by its pairs; Monte Carlo over the draws).
     """
-    from sdsl_jax import bayes
+    from sdsl_jax import bayes, predictive_acceptance
 
     train, test = pairs.select(keep), pairs.select(~keep)
     groups = {}
@@ -132,21 +132,25 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
                               model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
                               progress_bar=False, summarize=False, **groups)
     planes = bayes.planes_from_posterior(post.samples, model)
-    mean = np.asarray(type(planes)(*(np.asarray(v)[:, None] for v in planes)).rate(test.ppl_draft, test.ppl_target))
-    coefficients_only = mean
+    planes = type(planes)(*(np.asarray(v)[:, None] for v in planes))
+    eta = np.asarray(planes.predictor(test.ppl_draft, test.ppl_target))
+    coefficients_only = np.asarray(planes.rate(test.ppl_draft, test.ppl_target))
+    shift = np.zeros_like(eta)
     if model_effects:
         rng_effects = np.random.default_rng(seed + 1)
-        mean = (mean + _model_effect(post.samples, "draft_sd", "draft_z", train.draft, test.draft, rng_effects)
-                + _model_effect(post.samples, "target_sd", "target_z", train.target, test.target, rng_effects))
+        shift = (_model_effect(post.samples, "draft_sd", "draft_z", train.draft, test.draft, rng_effects)
+                 + _model_effect(post.samples, "target_sd", "target_z", train.target, test.target, rng_effects))
     # The model's noise is for a row of average TRAINING weight; scale it to each held-out row's weight.
     w = test.regression_weights() / train.regression_weights().mean()
     sigma = np.asarray(post.samples["sigma"]).reshape(-1)[:, None] / np.sqrt(w)[None]
     rng = np.random.default_rng(seed)
-    predictive = mean + sigma * rng.standard_normal(mean.shape)
+    predictive = np.asarray(predictive_acceptance(planes, test.ppl_draft, test.ppl_target, shift=shift,
+                                                  z=rng.standard_normal(eta.shape), sigma=sigma))
+    mean = np.asarray(predictive_acceptance(planes, test.ppl_draft, test.ppl_target, shift=shift))
     lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
     lo_mean, hi_mean = np.quantile(coefficients_only, [0.05, 0.95], axis=0)
     y = test.alpha
-    log_density = _log_mean_exp(-0.5 * ((y - mean) / sigma) ** 2 - np.log(sigma * np.sqrt(2 * np.pi)), axis=0)
+    log_density = _log_mean_exp(np.asarray(bayes.acceptance_likelihood(model, eta + shift, sigma).log_prob(y)), axis=0)
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
                 error=np.median(mean, axis=0) - y)
 

@@ -9,9 +9,16 @@ standardised features:
 * ``plane`` (default, :data:`SDSL2026`): the paper's plane on raw perplexities [SDSL 2026,
   arXiv 2603.11053], ``alpha = A x + B y + C`` (x, y: draft and target perplexity on HellaSwag).
 * ``log-plane``: the plane on losses, ``alpha = A ln x + B ln y + C``.
+* ``logit-plane``: the plane on losses through a logit link, ``logit alpha = A ln x + B ln y + C``:
+  alpha saturates towards 1 as the draft nears the target (no plane can), and is a probability
+  for every pair.
 
-Only pairs with ``0 < alpha < 1`` are admissible; the models return whatever value they give,
-the throughput model turns inadmissible values into NaN.
+Each model has a *link*: its linear predictor ``eta = A u + B v + C`` (:meth:`predictor`) is alpha
+itself (``identity``) or ``logit alpha`` (``logit``). A pair's residual lives where alpha can go:
+Normal on the logit scale for the logit link, Normal truncated to [0, 1] for the identity link, so
+the likelihood and every predictive draw (:func:`predictive_acceptance`) are probabilities. The
+identity-link models' mean can still leave (0, 1) for pairs far from the data: only pairs with
+``0 < alpha < 1`` are admissible, and the throughput model turns other values into NaN.
 
 Estimators. ``accepted / drafted`` is NOT alpha (with alpha = 0.7, gamma = 5 it reads about 0.39).
 With i.i.d. acceptance, the accepted count K of an iteration is a geometric variable truncated at
@@ -30,17 +37,21 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from sdsl_jax._arrays import as_float
+from sdsl_jax.normal import truncated_normal_quantile
 
 __all__ = [
     "AcceptancePlane",
     "LogPerplexityPlane",
+    "LogitPlane",
     "AcceptanceModel",
     "PLANE",
     "LOG_PLANE",
+    "LOGIT_PLANE",
     "ACCEPTANCE_MODELS",
     "SDSL2026",
     "ResidualAcceptance",
     "acceptance_rate",
+    "predictive_acceptance",
     "acceptance_from_counts",
     "acceptance_from_distributions",
 ]
@@ -52,9 +63,12 @@ class AcceptancePlane(NamedTuple):
     A: ArrayLike
     B: ArrayLike
     C: ArrayLike
+    link = "identity"
 
     def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
         return acceptance_rate(ppl_draft, ppl_target, self)
+
+    predictor = rate
 
 
 class LogPerplexityPlane(NamedTuple):
@@ -63,12 +77,64 @@ class LogPerplexityPlane(NamedTuple):
     A: ArrayLike
     B: ArrayLike
     C: ArrayLike
+    link = "identity"
 
     def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
-        x, y, *coef = as_float(ppl_draft, ppl_target, *self)
-        ok = (x >= 1) & (y >= 1)
-        lx, ly = jnp.log(jnp.where(ok, x, 1.0)), jnp.log(jnp.where(ok, y, 1.0))
-        return jnp.where(ok, coef[0] * lx + coef[1] * ly + coef[2], jnp.nan)
+        return _loss_plane(self, ppl_draft, ppl_target)
+
+    predictor = rate
+
+
+class LogitPlane(NamedTuple):
+    """Coefficients of ``logit alpha = A ln x + B ln y + C``: the plane on losses through a logit link."""
+
+    A: ArrayLike
+    B: ArrayLike
+    C: ArrayLike
+    link = "logit"
+
+    def predictor(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+        """The linear predictor ``logit alpha``."""
+        return _loss_plane(self, ppl_draft, ppl_target)
+
+    def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+        return jax.nn.sigmoid(self.predictor(ppl_draft, ppl_target))
+
+
+def _loss_plane(coefficients, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
+    """``A ln x + B ln y + C`` (NaN for a perplexity below 1)."""
+    x, y, *coef = as_float(ppl_draft, ppl_target, *coefficients)
+    ok = (x >= 1) & (y >= 1)
+    lx, ly = jnp.log(jnp.where(ok, x, 1.0)), jnp.log(jnp.where(ok, y, 1.0))
+    return jnp.where(ok, coef[0] * lx + coef[1] * ly + coef[2], jnp.nan)
+
+
+def predictive_acceptance(model: Any, ppl_draft: ArrayLike, ppl_target: ArrayLike, *, shift: ArrayLike = 0.0,
+                          z: ArrayLike = 0.0, sigma: ArrayLike = 0.0) -> jax.Array:
+    """One predictive draw of a pair's alpha: the model's linear predictor, shifted, plus a residual.
+
+    ``eta = model.predictor(x, y) + shift`` (``shift``: the draft's and target's model effects, on
+    the link's scale); with a residual of scale ``sigma`` at the standard normal ``z``:
+
+    * logit link: ``alpha = sigmoid(eta + sigma z)``;
+    * identity link: the ``Normal(eta, sigma)`` draw truncated to [0, 1] at ``z``
+      (:func:`sdsl_jax.normal.truncated_normal_quantile`; ``eta + sigma z`` far from the bounds).
+
+    With ``sigma = 0`` it is the model's rate at ``eta`` (which, for the identity link, may leave
+    (0, 1)). A model without ``predictor``/``link`` (a user's) is taken as identity-linked on its
+    ``rate``.
+    """
+    link = getattr(model, "link", "identity")
+    predictor = getattr(model, "predictor", model.rate)
+    eta, shift, z, sigma = as_float(predictor(ppl_draft, ppl_target), shift, z, sigma)
+    eta = eta + shift
+    if link == "logit":
+        return jax.nn.sigmoid(eta + sigma * z)
+    if link != "identity":
+        raise ValueError(f"unknown acceptance link {link!r}: use 'identity' or 'logit'")
+    positive = sigma > 0
+    bounded = truncated_normal_quantile(z, eta, jnp.where(positive, sigma, 1.0))
+    return jnp.where(positive, bounded, eta)
 
 
 class ResidualAcceptance(NamedTuple):
@@ -80,24 +146,30 @@ class ResidualAcceptance(NamedTuple):
 
         rate(x, y) = model.rate(x^exp(draft_log_loss), y^exp(target_log_loss)) + alpha
 
-    (a perplexity ``exp L`` whose log loss moves by ``delta`` becomes ``exp(L e^delta) = x^(e^delta)``).
+    (a perplexity ``exp L`` whose log loss moves by ``delta`` becomes ``exp(L e^delta) = x^(e^delta)``;
+    the plus stands for :func:`predictive_acceptance`, which keeps the draw in [0, 1]).
     Being a pytree of arrays it goes through the N* solver and ``vmap`` like any acceptance model;
     with all offsets zero it is ``model``.
 
     Attributes:
       model: the acceptance model's coefficients (any model with ``rate``).
       draft_log_loss, target_log_loss: offsets of the draft's and the target's log loss.
-      alpha: offset of the acceptance (the acceptance model's residual).
+      alpha: shift of the linear predictor (the draft's and target's model effects).
+      alpha_z, alpha_sigma: the pair's residual, a standard normal draw and its scale
+        (:func:`predictive_acceptance`: the draw stays in [0, 1]).
     """
 
     model: Any
     draft_log_loss: ArrayLike = 0.0
     target_log_loss: ArrayLike = 0.0
     alpha: ArrayLike = 0.0
+    alpha_z: ArrayLike = 0.0
+    alpha_sigma: ArrayLike = 0.0
 
     def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
-        x, y, dx, dy, da = as_float(ppl_draft, ppl_target, self.draft_log_loss, self.target_log_loss, self.alpha)
-        return self.model.rate(x ** jnp.exp(dx), y ** jnp.exp(dy)) + da
+        x, y, dx, dy = as_float(ppl_draft, ppl_target, self.draft_log_loss, self.target_log_loss)
+        return predictive_acceptance(self.model, x ** jnp.exp(dx), y ** jnp.exp(dy), shift=self.alpha,
+                                     z=self.alpha_z, sigma=self.alpha_sigma)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -109,12 +181,27 @@ class AcceptanceModel:
       params_type: NamedTuple ``(A, B, C)`` with a ``rate(ppl_draft, ppl_target)`` method.
       features: ``(ppl_draft, ppl_target) -> (u, v)``, the regressors.
       description: one line for ``--help`` and summaries.
+      link: ``"identity"`` (the predictor is alpha; residual truncated to [0, 1]) or ``"logit"``.
+      centre_prior: mean and sd of the predictor at the data's mean features (the link's scale).
+      slope_prior_sd: sd of the change of the predictor per standard deviation of a feature.
+      sigma_prior_sd, effect_prior_sd: half-normal scales of the residual and of the per-model
+        effects, on the link's scale.
     """
 
     name: str
     params_type: type
     features: Callable[[Any, Any], tuple[Any, Any]]
     description: str = ""
+    link: str = "identity"
+    centre_prior: tuple[float, float] = (0.5, 0.5)
+    slope_prior_sd: float = 0.5
+    sigma_prior_sd: float = 0.2
+    effect_prior_sd: float = 0.1
+
+    def to_link(self, alpha: ArrayLike) -> jax.Array:
+        """alpha on the predictor's scale (``logit alpha`` for the logit link)."""
+        (a,) = as_float(alpha)
+        return jnp.log(a) - jnp.log1p(-a) if self.link == "logit" else a
 
     def __repr__(self) -> str:
         return f"AcceptanceModel({self.name!r})"
@@ -124,7 +211,12 @@ PLANE = AcceptanceModel("plane", AcceptancePlane, lambda x, y: (x, y),
                         "alpha = A x + B y + C on raw perplexities (SDSL 2026; the paper's)")
 LOG_PLANE = AcceptanceModel("log-plane", LogPerplexityPlane, lambda x, y: (jnp.log(x), jnp.log(y)),
                             "alpha = A ln x + B ln y + C (the plane on losses)")
-ACCEPTANCE_MODELS: dict[str, AcceptanceModel] = {m.name: m for m in (PLANE, LOG_PLANE)}
+# On the logit scale, alpha in [0.2, 0.9] spans 3.6; a residual of 0.03 at alpha = 0.7 is 0.14.
+LOGIT_PLANE = AcceptanceModel("logit-plane", LogitPlane, lambda x, y: (jnp.log(x), jnp.log(y)),
+                              "logit alpha = A ln x + B ln y + C (saturates towards 1, always a probability)",
+                              link="logit", centre_prior=(0.5, 1.5), slope_prior_sd=2.0, sigma_prior_sd=1.0,
+                              effect_prior_sd=0.5)
+ACCEPTANCE_MODELS: dict[str, AcceptanceModel] = {m.name: m for m in (PLANE, LOG_PLANE, LOGIT_PLANE)}
 """The shipped acceptance models by name (the CLIs' ``--acceptance-model`` choices)."""
 
 

@@ -6,9 +6,10 @@ Models (one ``numpyro.sample`` per random quantity, named as in the papers):
   with the family's priors on theta (:mod:`sdsl_jax.loss_laws`); for the Chinchilla family
   (:data:`loss_law_model`) the likelihood behind Besiroglu et al.'s (2024) fit of Hoffmann et
   al.'s Approach 3.
-* :func:`plane_model_for` ``(model)`` -- ``alpha_i ~ Normal(A u_i + B v_i + C, sigma / sqrt(w_i))`` for
-  an acceptance model's features (u, v) (:data:`plane_model`: SDSL's plane, u, v = x, y), with
-  per-row weights (iterations measured).
+* :func:`plane_model_for` ``(model)`` -- ``alpha_i ~ TruncatedNormal_[0,1](A u_i + B v_i + C, sigma / sqrt(w_i))``
+  for an identity-linked acceptance model's features (u, v) (:data:`plane_model`: SDSL's plane,
+  u, v = x, y), ``logit alpha_i ~ Normal(...)`` for a logit-linked one, with per-row weights
+  (iterations measured).
 
 Sampling: NUTS with several chains (vectorised on one device, one per device when there are
 enough), started from the point fit with per-chain jitter so that R-hat can see disagreement.
@@ -39,6 +40,7 @@ from jax.typing import ArrayLike
 from numpyro.infer import MCMC, NUTS
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
+from sdsl_jax.normal import log_unit_interval_mass, truncated_normal_quantile
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily, family_of
 from sdsl_jax.optimum import LinearLaw, fit_linear_law, solve_draft_size
@@ -62,6 +64,8 @@ __all__ = [
     "new_run_effect",
     "pointwise_log_likelihood",
     "acceptance_pointwise_log_likelihood",
+    "acceptance_likelihood",
+    "UnitTruncatedNormal",
     "sample_plane",
     "check_diagnostics",
     "laws_from_posterior",
@@ -206,36 +210,80 @@ def new_run_offsets(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_
 
 
 def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_target: jax.Array) -> jax.Array:
-    """Sample the acceptance model's coefficients (standardised features) and return its mean alpha."""
+    """Sample the acceptance model's coefficients (standardised features) and return its linear predictor."""
     u, v = acceptance_model.features(ppl_draft, ppl_target)
     u_mean, u_std = u.mean(), u.std() + 1e-12
     v_mean, v_std = v.mean(), v.std() + 1e-12
-    slope_x = numpyro.sample("slope_x", dist.Normal(0.0, 0.5))
-    slope_y = numpyro.sample("slope_y", dist.Normal(0.0, 0.5))
-    centre = numpyro.sample("centre", dist.Normal(0.5, 0.5))
+    slope_sd, (centre_mean, centre_sd) = acceptance_model.slope_prior_sd, acceptance_model.centre_prior
+    slope_x = numpyro.sample("slope_x", dist.Normal(0.0, slope_sd))
+    slope_y = numpyro.sample("slope_y", dist.Normal(0.0, slope_sd))
+    centre = numpyro.sample("centre", dist.Normal(centre_mean, centre_sd))
     A = numpyro.deterministic("A", slope_x / u_std)
     B = numpyro.deterministic("B", slope_y / v_std)
     numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
     return centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
 
 
+class UnitTruncatedNormal(dist.Distribution):
+    """``Normal(loc, scale)`` truncated to [0, 1], stable however far ``loc`` lies outside.
+
+    ``log p(x) = log N(x; loc, scale) - log(Phi(b) - Phi(a))`` with the normaliser from
+    :func:`sdsl_jax.normal.log_unit_interval_mass` (NumPyro's ``TruncatedNormal`` returns +inf
+    once ``loc`` is a few dozen scales outside, where ``Phi(b) - Phi(a)`` underflows), and samples
+    by :func:`sdsl_jax.normal.truncated_normal_quantile` of a standard normal (reparametrised).
+    """
+
+    arg_constraints = {"loc": dist.constraints.real, "scale": dist.constraints.positive}
+    support = dist.constraints.unit_interval
+    reparametrized_params = ["loc", "scale"]
+
+    def __init__(self, loc, scale, *, validate_args=None):
+        self.loc, self.scale = jnp.asarray(loc), jnp.asarray(scale)
+        batch_shape = jax.lax.broadcast_shapes(jnp.shape(loc), jnp.shape(scale))
+        super().__init__(batch_shape=batch_shape, validate_args=validate_args)
+
+    def sample(self, key, sample_shape=()):
+        z = jax.random.normal(key, sample_shape + self.batch_shape)
+        return truncated_normal_quantile(z, self.loc, self.scale)
+
+    def log_prob(self, value):
+        inside = (value >= 0) & (value <= 1)
+        log_p = dist.Normal(self.loc, self.scale).log_prob(value) - log_unit_interval_mass(self.loc, self.scale)
+        return jnp.where(inside, log_p, -jnp.inf)
+
+
+def acceptance_likelihood(acceptance_model: AcceptanceModel, eta: jax.Array, scale: jax.Array) -> dist.Distribution:
+    """The distribution of a pair's measured alpha given the linear predictor ``eta`` and residual ``scale``.
+
+    Identity link: ``Normal(eta, scale)`` truncated to [0, 1] (the plane's residual cannot carry alpha
+    out of the probabilities; far from the bounds it is the Normal to rounding). Logit link:
+    ``logit alpha ~ Normal(eta, scale)``, a density on alpha (Jacobian included) so that forms of
+    either link are compared on one scale. Both match
+    :func:`sdsl_jax.acceptance.predictive_acceptance`'s draws.
+    """
+    if acceptance_model.link == "logit":
+        return dist.TransformedDistribution(dist.Normal(eta, scale), dist.transforms.SigmoidTransform())
+    return UnitTruncatedNormal(eta, scale)
+
+
 @functools.lru_cache(maxsize=None)
 def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
-    """The NumPyro model of an acceptance model ``alpha = A u + B v + C`` with weighted Gaussian noise.
+    """The NumPyro model of an acceptance model ``eta = A u + B v + C`` with weighted noise.
 
     The features are standardised inside the model (NUTS mixes far better) and A, B, C are
-    recorded as deterministic sites on the original scale. Priors on the standardised
-    coefficients ``Normal(0, 0.5)`` (a one-standard-deviation change of a feature moves alpha
-    by less than 0.5 at 68%: alpha lives in (0, 1)); the intercept at the mean features
-    ``Normal(0.5, 0.5)``; ``sigma ~ HalfNormal(0.2)`` for a row of average weight.
+    recorded as deterministic sites on the original scale. Priors (the family's, on the link's
+    scale; for the identity-linked planes): the standardised coefficients ``Normal(0, 0.5)`` (a
+    one-standard-deviation change of a feature moves alpha by less than 0.5 at 68%: alpha lives in
+    (0, 1)); the intercept at the mean features ``Normal(0.5, 0.5)``; ``sigma ~ HalfNormal(0.2)``
+    for a row of average weight. The likelihood is :func:`acceptance_likelihood`.
     """
 
     def model(ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, alpha: jax.Array | None = None) -> None:
         mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
-        sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
-            numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
+            numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
 
     model.__name__ = model.__qualname__ = f"plane_model[{acceptance_model.name}]"
     return model
@@ -251,12 +299,13 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
     Pairs that share a model are not independent: a draft that agrees with its targets more than
     its perplexity says does so with every target, and likewise for a target::
 
-        alpha_ij = A u_ij + B v_ij + C + a_i + b_j + e_ij,      i = draft model, j = target model
-        a_i ~ Normal(0, draft_sd),  b_j ~ Normal(0, target_sd),  e_ij ~ Normal(0, sigma / sqrt(w_ij))
+        eta_ij = A u_ij + B v_ij + C + a_i + b_j,      i = draft model, j = target model
+        a_i ~ Normal(0, draft_sd),  b_j ~ Normal(0, target_sd),  alpha_ij ~ likelihood(eta_ij, sigma / sqrt(w_ij))
 
     Non-centred (``a_i = draft_sd z_i``). Priors as :func:`plane_model_for`, and
-    ``draft_sd, target_sd ~ HalfNormal(0.1)`` (model-to-model scatter of alpha of a few
-    hundredths, the size of the plane's residuals on real pairs). A new pair of new models
+    ``draft_sd, target_sd ~ HalfNormal(0.1)`` for the identity link (model-to-model scatter of
+    alpha of a few hundredths, the size of the plane's residuals on real pairs; the family's
+    ``effect_prior_sd`` on its link's scale). A new pair of new models
     scatters around the plane by ``draft_sd``, ``target_sd`` and ``sigma`` together
     (:class:`sdsl_jax.pipeline.PredictiveScales`); a pair of known models by its models' effects
     and ``sigma`` alone.
@@ -268,9 +317,9 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
 
     def model(ppl_draft, ppl_target, weights, draft, draft_slots, target, target_slots, alpha=None) -> None:
         mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
-        sigma = numpyro.sample("sigma", dist.HalfNormal(0.2))
-        draft_sd = numpyro.sample("draft_sd", dist.HalfNormal(0.1))
-        target_sd = numpyro.sample("target_sd", dist.HalfNormal(0.1))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
+        draft_sd = numpyro.sample("draft_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
+        target_sd = numpyro.sample("target_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
         with numpyro.plate("draft_models", draft_slots.shape[0]):
             z_draft = numpyro.sample("draft_z", dist.Normal(0.0, 1.0))
         with numpyro.plate("target_models", target_slots.shape[0]):
@@ -278,7 +327,7 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
         mean = mean + draft_sd * z_draft[draft] + target_sd * z_target[target]
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
-            numpyro.sample("alpha_obs", dist.Normal(mean, scale), obs=alpha)
+            numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
 
     model.__name__ = model.__qualname__ = f"model_effects_plane_model[{acceptance_model.name}]"
     return model
@@ -652,12 +701,13 @@ def sample_plane(
     """
     x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
-    # Start at the weighted least-squares fit (standardised coordinates), sigma at its residual.
+    # Start at the weighted least-squares fit on the link's scale (standardised coordinates), sigma at its residual.
     u, v = (np.asarray(f) for f in model.features(x, y))
     us, vs = (u - np.mean(u)) / (np.std(u) + 1e-12), (v - np.mean(v)) / (np.std(v) + 1e-12)
     design = np.stack([us, vs, np.ones_like(us)], 1) * np.sqrt(np.asarray(w))[:, None]
-    coef, *_ = np.linalg.lstsq(design, np.asarray(a) * np.sqrt(np.asarray(w)), rcond=None)
-    resid = np.asarray(a) - np.stack([us, vs, np.ones_like(us)], 1) @ coef
+    eta = np.asarray(model.to_link(a))
+    coef, *_ = np.linalg.lstsq(design, eta * np.sqrt(np.asarray(w)), rcond=None)
+    resid = eta - np.stack([us, vs, np.ones_like(us)], 1) @ coef
     sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
     centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
                   sigma=float(np.log(max(sigma0, 1e-4))))

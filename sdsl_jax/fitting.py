@@ -374,7 +374,7 @@ class PlaneFit(NamedTuple):
 
     plane: Any  # the model's params_type (AcceptancePlane for the paper's plane)
     r_squared: jax.Array
-    residual_std: jax.Array  # weighted RMS residual
+    residual_std: jax.Array  # weighted RMS residual of alpha
 
 
 def check_acceptance_data(ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *,
@@ -409,7 +409,10 @@ def fit_acceptance_plane(
     ppl_draft: ArrayLike, ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None,
     model: AcceptanceModel = PLANE,
 ) -> PlaneFit:
-    """Fit ``alpha = A x + B y + C`` by weighted least squares.
+    """Fit ``alpha = A x + B y + C`` (or the model's features and link) by weighted least squares.
+
+    For a logit-linked model the least squares are on ``logit alpha`` (the measured alpha lie in
+    (0, 1)); R^2 and the residual are reported on alpha for every model, so that they compare.
 
     Args:
       ppl_draft: draft perplexities x.
@@ -431,11 +434,12 @@ def fit_acceptance_plane(
     sw = jnp.sqrt(w / w.sum())
     u, v = model.features(x, y)
     design = jnp.stack([u, v, jnp.ones_like(u)], axis=1)
-    coef, *_ = jnp.linalg.lstsq(design * sw[:, None], a * sw)
-    residual = a - design @ coef
+    coef, *_ = jnp.linalg.lstsq(design * sw[:, None], model.to_link(a) * sw)
+    plane = model.params_type(*coef)
+    residual = a - (design @ coef if model.link == "identity" else plane.rate(x, y))
     mean = (w * a).sum() / w.sum()
     r2 = 1.0 - (w * residual**2).sum() / (w * (a - mean) ** 2).sum()
-    return PlaneFit(model.params_type(*coef), r2, jnp.sqrt((w * residual**2).sum() / w.sum()))
+    return PlaneFit(plane, r2, jnp.sqrt((w * residual**2).sum() / w.sum()))
 
 
 NEAR_OPTIMUM = 1e-2

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from sdsl_jax import bayes
-from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel, ResidualAcceptance
+from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel, ResidualAcceptance, predictive_acceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.fitting import NEAR_OPTIMUM, fit_acceptance_plane, fit_loss_law, rival_optima
@@ -320,8 +320,8 @@ class PredictiveScales(NamedTuple):
     Attributes:
       loss_sigma, loss_nu: scale and degrees of freedom of the loss law's Student-t residual on
         log loss (a new model's log loss scatters around the law's curve by this much).
-      alpha_sigma: the acceptance model's residual standard deviation (a row of average weight);
-        zeros when the plane is fixed (no acceptance data, no residual known).
+      alpha_sigma: the acceptance model's residual standard deviation (a row of average weight, on
+        its link's scale); zeros when the plane is fixed (no acceptance data, no residual known).
       run_sd, run_slope_sd: a new training run's random intercept and slope in log D (None
         for the model without run effects); ``centre_log_d``: the data's mean log D.
       alpha_draft_sd, alpha_target_sd: the acceptance model's per-draft and per-target model
@@ -366,16 +366,22 @@ class PredictiveScales(NamedTuple):
                               + known.run_slope[:, r] * (log_d[:, j] - self.centre_log_d))
         return flat.reshape(offsets.shape)
 
-    def alpha_offsets(self, rng: np.random.Generator, candidates: int, *,
-                      drafts: tuple[str | None, ...] | None = None, target: str | None = None) -> np.ndarray:
-        """Draws of alpha's residual for ``candidates`` drafts paired with ONE target, shape
-        ``(draws, candidates)``: each pair's own residual, each draft's model effect and the
-        target's, shared by all the candidates of a draw. A draft (labels ``drafts``) or the
-        ``target`` that is in the data (``known``) keeps its posterior effect; others are new."""
+    def alpha_residuals(self, rng: np.random.Generator, candidates: int, *,
+                        drafts: tuple[str | None, ...] | None = None,
+                        target: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Draws of alpha's deviations for ``candidates`` drafts paired with ONE target: ``(shift, z)``,
+        each ``(draws, candidates)``, on the acceptance model's link scale.
+
+        ``shift``: each draft's model effect plus the target's, shared by all the candidates of a
+        draw (zero without model effects); a draft (labels ``drafts``) or the ``target`` that is in
+        the data (``known``) keeps its posterior effect, others are new. ``z``: each pair's own
+        residual as a standard normal, of scale ``alpha_sigma``
+        (:func:`sdsl_jax.acceptance.predictive_acceptance` turns both into a probability).
+        """
         count = self.alpha_sigma.shape[0]
-        offset = self.alpha_sigma[:, None] * rng.standard_normal((count, candidates))
+        z = rng.standard_normal((count, candidates))
         if self.alpha_draft_sd is None:
-            return offset
+            return np.zeros_like(z), z
         draft = self.alpha_draft_sd[:, None] * rng.standard_normal((count, candidates))
         target_effect = self.alpha_target_sd[:, None] * rng.standard_normal((count, 1))
         known = self.known
@@ -385,7 +391,7 @@ class PredictiveScales(NamedTuple):
                     draft[:, j] = known.draft_effect[:, known.draft_labels.index(label)]
             if target in known.target_labels:
                 target_effect = known.target_effect[:, known.target_labels.index(target)][:, None]
-        return offset + draft + target_effect
+        return draft + target_effect, z
 
 
 class CandidateLabels(NamedTuple):
@@ -491,9 +497,9 @@ def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, 
     count = scales.loss_sigma.shape[0]
     dx = scales.log_loss_offsets(np.log(d_draft), seed=seed)
     dy = scales.log_loss_offsets(np.log(d_target), seed=seed + 1)
-    da = scales.alpha_offsets(np.random.default_rng(seed + 2), 1)[:, 0]
+    shift, z = (v[:, 0] for v in scales.alpha_residuals(np.random.default_rng(seed + 2), 1))
     planes = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,)), planes)
-    return ResidualAcceptance(planes, dx, dy, da)
+    return ResidualAcceptance(planes, dx, dy, shift, z, scales.alpha_sigma)
 
 
 def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> tuple[Any, Any]:
@@ -585,8 +591,9 @@ def rank_drafts(
     and the T band carry the uncertainty of the law's mean curve and the plane's coefficients.
     With ``scales`` (:func:`predictive_scales`) they are posterior-predictive: each draw also
     draws every candidate's log loss residual (Student-t), the target's (one, shared by the
-    candidates) and each pair's acceptance residual (Gaussian; with per-model effects also each
-    candidate's draft effect and the target's, shared), so a new model's scatter around
+    candidates) and each pair's acceptance residual (truncated to [0, 1], or on the logit scale;
+    with per-model effects also each candidate's draft effect and the target's, shared), so a new
+    model's scatter around
     the law counts as it does in the data. With ``labels`` and ``scales.known``, a candidate
     (or the target) whose run or model is in the data keeps that run's or model's posterior
     effect and draws only its own residual. A candidate inadmissible in a draw (alpha outside
@@ -646,8 +653,9 @@ def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_targe
         np.log(d)[None, :], size=(n.size,), seed=seed, runs=labels.draft_runs)
     log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + scales.log_loss_offsets(
         np.log(d_target), size=(1,), seed=seed + 1, runs=None if labels.target_run is None else (labels.target_run,))
-    alpha = np.asarray(planes.rate(np.exp(np.exp(log_x)), np.exp(np.exp(log_y))))
-    alpha = alpha + scales.alpha_offsets(rng, n.size, drafts=labels.draft_models, target=labels.target_model)
+    shift, z = scales.alpha_residuals(rng, n.size, drafts=labels.draft_models, target=labels.target_model)
+    alpha = np.asarray(predictive_acceptance(planes, np.exp(np.exp(log_x)), np.exp(np.exp(log_y)), shift=shift, z=z,
+                                             sigma=scales.alpha_sigma[:, None]))
     return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
 
 

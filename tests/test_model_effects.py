@@ -67,8 +67,10 @@ def _scales(count=4000, known=None):
                                      known=known)
 
 
-def test_alpha_offsets_of_new_models_add_the_three_variances_and_share_the_target():
-    off = _scales().alpha_offsets(np.random.default_rng(0), 3)
+def test_alpha_residuals_of_new_models_add_the_three_variances_and_share_the_target():
+    scales = _scales()
+    shift, z = scales.alpha_residuals(np.random.default_rng(0), 3)
+    off = shift + scales.alpha_sigma[:, None] * z
     assert np.var(off, axis=0) == pytest.approx(np.full(3, 0.01**2 + 0.03**2 + 0.02**2), rel=0.1)
     # Candidates share the target's effect: covariance between two candidates is target_sd^2.
     assert np.cov(off[:, 0], off[:, 1])[0, 1] == pytest.approx(0.02**2, rel=0.2)
@@ -79,7 +81,9 @@ def test_known_models_keep_their_posterior_effects():
     rng = np.random.default_rng(1)
     known = pipeline.KnownEffects(draft_labels=("a", "b"), draft_effect=rng.normal(0.05, 0.001, (count, 2)),
                                   target_labels=("T",), target_effect=np.full((count, 1), -0.02))
-    off = _scales(count, known).alpha_offsets(np.random.default_rng(0), 2, drafts=("b", None), target="T")
+    scales = _scales(count, known)
+    shift, z = scales.alpha_residuals(np.random.default_rng(0), 2, drafts=("b", None), target="T")
+    off = shift + scales.alpha_sigma[:, None] * z
     # "b" is known: its effect (mean 0.05) plus the pair's residual and the known target's -0.02.
     assert np.mean(off[:, 0]) == pytest.approx(0.03, abs=1e-3)
     assert np.std(off[:, 0]) == pytest.approx(np.hypot(0.01, 0.001), rel=0.1)
@@ -146,10 +150,13 @@ def test_candidate_labels_find_runs_and_models_in_the_data(tmp_path):
     assert labels.draft_runs == (runs.run_labels()[0], None) and labels.target_run == runs.run_labels()[2]
 
 
-def test_acceptance_pointwise_log_likelihood_matches_the_normal_density():
-    """Per draw and pair: Normal(A u + B v + C [+ draft and target effects], sigma / sqrt(w / mean w)),
-    checked against scipy for both acceptance models' likelihoods."""
-    from scipy.stats import norm
+def test_acceptance_pointwise_log_likelihood_matches_the_truncated_normal_density():
+    """Per draw and pair: Normal(A u + B v + C [+ draft and target effects], sigma / sqrt(w / mean w))
+    truncated to [0, 1], checked against scipy for both acceptance models' likelihoods."""
+    from scipy.stats import truncnorm
+
+    def norm_logpdf(a, mean, scale):
+        return truncnorm.logpdf(a, (0 - mean) / scale, (1 - mean) / scale, loc=mean, scale=scale)
 
     import jax
     from numpyro.infer import Predictive
@@ -166,14 +173,34 @@ def test_acceptance_pointwise_log_likelihood_matches_the_normal_density():
     plane = draws(bayes.plane_model_for(SDSL2026_MODEL), x, y, w)
     mean = plane["A"][:, None] * x + plane["B"][:, None] * y + plane["C"][:, None]
     np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(plane, SDSL2026_MODEL, x, y, alpha, weights=w),
-                               norm.logpdf(alpha, mean, scale(plane)), rtol=1e-9)
+                               norm_logpdf(alpha, mean, scale(plane)), rtol=1e-9)
     crossed = draws(bayes.model_effects_plane_model_for(SDSL2026_MODEL), x, y, w, di, np.zeros(6), ti, np.zeros(3))
     mean = (crossed["A"][:, None] * x + crossed["B"][:, None] * y + crossed["C"][:, None]
             + crossed["draft_sd"][:, None] * crossed["draft_z"][:, di]
             + crossed["target_sd"][:, None] * crossed["target_z"][:, ti])
     np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(crossed, SDSL2026_MODEL, x, y, alpha,
                                                                          weights=w, draft=di, target=ti),
-                               norm.logpdf(alpha, mean, scale(crossed)), rtol=1e-9)
+                               norm_logpdf(alpha, mean, scale(crossed)), rtol=1e-9)
+
+
+def test_logit_plane_likelihood_is_a_density_on_alpha():
+    """logit alpha ~ Normal(eta, s): the density of alpha carries the Jacobian 1 / (alpha (1 - alpha)),
+    so it integrates to one over (0, 1) and compares with the identity-linked models' densities."""
+    from scipy.integrate import quad
+    from scipy.stats import norm
+
+    from sdsl_jax import LOGIT_PLANE
+
+    samples = dict(slope_x=np.array([-0.8]), slope_y=np.array([0.3]), centre=np.array([0.9]), sigma=np.array([0.4]))
+    x, y = np.array([20.0, 40.0, 80.0]), np.array([8.0, 9.0, 10.0])
+    alpha = np.array([0.7, 0.5, 0.3])
+    got = bayes.acceptance_pointwise_log_likelihood(samples, LOGIT_PLANE, x, y, alpha)
+    u, v = np.log(x), np.log(y)
+    eta = 0.9 - 0.8 * (u - u.mean()) / u.std() + 0.3 * (v - v.mean()) / v.std()
+    logit = np.log(alpha / (1 - alpha))
+    np.testing.assert_allclose(got[0], norm.logpdf(logit, eta, 0.4) - np.log(alpha * (1 - alpha)), rtol=1e-10)
+    total, _ = quad(lambda a: np.exp(float(bayes.acceptance_likelihood(LOGIT_PLANE, eta[0], 0.4).log_prob(a))), 0, 1)
+    assert total == pytest.approx(1.0, abs=1e-8)
 
 
 def test_acceptance_stacking_puts_its_weight_on_the_model_that_generated_the_pairs(tmp_path):
@@ -198,3 +225,47 @@ def test_acceptance_stacking_puts_its_weight_on_the_model_that_generated_the_pai
     np.testing.assert_allclose(weights.weights.sum(), 1.0, atol=1e-6)
     assert weights.weights[weights.names.index(LOG_PLANE.name)] > 0.95
     assert weights.elpd_loo[weights.names.index(LOG_PLANE.name)] > weights.elpd_loo[weights.names.index("plane")]
+
+
+def test_predictive_acceptance_draws_stay_probabilities_near_one():
+    """A pair whose plane sits at alpha 0.93 with a residual of 0.05: Gaussian offsets put a fifth of
+    the draws above one; the truncated residual keeps every draw in [0, 1], and far from the bound
+    draws exactly as the Gaussian."""
+    from sdsl_jax import ResidualAcceptance
+
+    count = 4000
+    planes = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
+    scales = pipeline.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.05),
+                                       alpha_draft_sd=np.full(count, 0.03), alpha_target_sd=np.full(count, 0.02))
+    draws = pipeline.predictive_planes(planes, scales, d_draft=1e11, d_target=1e12, seed=0)
+    x, y = 5.0, 22.0  # the plane gives 0.642 - 0.0335 + 0.285 = 0.894
+    rate = np.asarray(draws.rate(x, y))
+    assert np.isfinite(rate).all() and (rate >= 0).all() and (rate <= 1).all()
+    gaussian = np.asarray(SDSL2026.rate(x, y)) + draws.alpha + 0.05 * draws.alpha_z
+    assert (gaussian > 1).mean() > 0.01
+    # A pair near alpha 0.59: with the mean at least 8 residual scales inside, the Gaussian's draw.
+    eta = np.asarray(SDSL2026.rate(30.0, 10.0)) + draws.alpha
+    inside = (eta > 8 * 0.05) & (eta < 1 - 8 * 0.05)
+    assert inside.mean() > 0.5
+    np.testing.assert_allclose(np.asarray(draws.rate(30.0, 10.0))[inside], (eta + 0.05 * draws.alpha_z)[inside],
+                               atol=1e-12)
+    assert np.asarray(ResidualAcceptance(SDSL2026, 0.0, 0.0, 0.3, 3.0, 0.05).rate(x, y)) <= 1
+
+
+def test_logit_plane_is_recovered_and_its_draws_are_probabilities():
+    from sdsl_jax import LOGIT_PLANE, fit_acceptance_plane, predictive_acceptance
+
+    rng = np.random.default_rng(3)
+    x, y = np.exp(rng.uniform(1.0, 4.0, 60)), np.exp(rng.uniform(0.8, 1.6, 60))
+    truth = LOGIT_PLANE.params_type(-1.2, 0.9, 2.5)
+    alpha = np.asarray(predictive_acceptance(truth, x, y, z=rng.standard_normal(60), sigma=0.05))
+    point = fit_acceptance_plane(x, y, alpha, model=LOGIT_PLANE)
+    np.testing.assert_allclose(np.asarray(point.plane), np.asarray(truth), atol=0.1)
+    run = bayes.sample_plane(x, y, alpha, model=LOGIT_PLANE, num_chains=2, num_warmup=200, num_samples=200,
+                             seed=0, progress_bar=False)
+    planes = bayes.planes_from_posterior(run.samples, LOGIT_PLANE)
+    for name, value in zip("ABC", truth):
+        assert np.quantile(getattr(planes, name), 0.005) < value < np.quantile(getattr(planes, name), 0.995)
+    far = np.asarray(predictive_acceptance(type(planes)(*(v[:, None] for v in planes)), np.array([1.01, 500.0]), 3.0,
+                                           z=rng.standard_normal((planes.A.size, 2)), sigma=run.samples["sigma"][:, None]))
+    assert ((far > 0) & (far < 1)).all()
