@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 import warnings
 from typing import Callable, NamedTuple
 
@@ -342,8 +343,8 @@ class Diagnostics(NamedTuple):
 
     ``mean_steps`` (leapfrog steps per draw) and ``max_tree_depth_share`` (the share of draws whose
     trajectory reached NUTS's maximum tree depth) describe the sampler's geometry: hundreds of steps
-    per draw, or many draws at the cap, mean a badly scaled posterior that costs time (reported, not
-    yet a failed check). NaN where not recorded.
+    per draw, or many draws at the cap, mean a badly scaled posterior that costs time; more than 1%
+    at the cap fails the checks. NaN where not recorded.
     """
 
     max_rhat: float
@@ -365,12 +366,14 @@ class PosteriorRun(NamedTuple):
 
 def check_diagnostics(
     idata: az.InferenceData, divergences: int, *, var_names, max_rhat: float = 1.01, min_ess: float = 400.0,
-    num_steps=None, max_tree_depth: int = 10,
+    num_steps=None, max_tree_depth: int = 10, max_tree_depth_share: float = 0.01,
 ) -> Diagnostics:
-    """Split R-hat (rank-normalised), bulk ESS and divergences against the usual thresholds.
+    """Split R-hat (rank-normalised), bulk ESS, divergences and NUTS's tree depth against the usual thresholds.
 
     Thresholds follow Vehtari et al. (2021), "Rank-normalization, folding, and localization":
-    R-hat < 1.01 and bulk ESS > 400 over all chains; any divergence is reported.
+    R-hat < 1.01 and bulk ESS > 400 over all chains; any divergence is reported. More than
+    ``max_tree_depth_share`` of the draws at the maximum tree depth fails too: trajectories cut
+    short explore slowly, and cost the most time a draw can.
     """
     rhat = az.rhat(idata, var_names=list(var_names))
     ess = az.ess(idata, var_names=list(var_names), method="bulk")
@@ -385,6 +388,9 @@ def check_diagnostics(
         problems.append(f"{divergences} divergent transitions")
     steps = np.asarray(num_steps if num_steps is not None else np.nan, np.float64).ravel()
     at_cap = float(np.mean(steps >= 2**max_tree_depth - 1)) if num_steps is not None else float("nan")
+    if at_cap > max_tree_depth_share:
+        problems.append(f"{at_cap:.0%} of draws at the maximum tree depth (a badly scaled posterior: "
+                        "reparametrise, or a dense mass matrix)")
     return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems),
                        float(np.mean(steps)), at_cap)
 
@@ -476,27 +482,74 @@ def clear_sampler_caches() -> None:
     jax.clear_caches()
 
 
+def _draw_chunk(num_samples: int, pieces: int = 5) -> int:
+    """The draws per chain of each progress report: a divisor of ``num_samples`` near a fifth of it,
+    so that every piece runs one compiled loop (``num_samples`` itself when none fits)."""
+    target = max(1, num_samples // pieces)
+    for size in sorted(range(1, num_samples + 1), key=lambda k: (abs(k - target), k)):
+        if num_samples % size == 0 and num_samples // pieces // 2 <= size <= num_samples // 2:
+            return size
+    return num_samples
+
+
 def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
-              progress_bar, target_accept, summarize, dense_mass=False) -> PosteriorRun:
+              progress_bar, target_accept, summarize, dense_mass=False,
+              progress: Callable[[str], None] | None = None) -> PosteriorRun:
+    """NUTS in one compiled run, or with ``progress``: warm-up, then the draws in about five pieces,
+    each reported with the draws done and the time left. Continuing from the last state draws
+    exactly what one run draws (same keys, same adapted step size and mass matrix)."""
     shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
                    for leaf in jax.tree.leaves((model_args, init_params)))
-    mcmc = _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass, shapes)
+    chunk = _draw_chunk(num_samples) if progress is not None else num_samples
+    mcmc = _mcmc(model, num_chains, num_warmup, chunk, progress_bar, target_accept, dense_mass, shapes)
+    extra_fields = ("diverging", "num_steps")
     # numpyro's own x64 and dtype handling sit under "standard" promotion.
     reuse = _sampling_loop_compiled_once() if _reuse_loops else contextlib.nullcontext()
     with jax.numpy_dtype_promotion("standard"), reuse:
-        mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params,
-                 extra_fields=("diverging", "num_steps"))
-    samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+        if progress is None:
+            mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=extra_fields)
+            pieces = [(mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True))]
+        else:
+            pieces = _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples,
+                                    extra_fields, progress)
+    grouped = {k: np.concatenate([np.asarray(p[0][k]) for p in pieces], axis=1) for k in pieces[0][0]}
+    extra = {k: np.concatenate([np.asarray(p[1][k]) for p in pieces], axis=1) for k in extra_fields}
+    samples = {k: v.reshape(-1, *v.shape[2:]) for k, v in grouped.items()}
     if not summarize:
         return PosteriorRun(samples, None, None)
-    extra = mcmc.get_extra_fields()
-    divergences = int(np.sum(np.asarray(extra["diverging"])))
+    divergences = int(np.sum(extra["diverging"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        idata = az.from_numpyro(mcmc, log_likelihood=False)  # pointwise terms: MBs we never use
+        idata = az.from_dict(posterior=grouped, sample_stats={"diverging": extra["diverging"],
+                                                              "n_steps": extra["num_steps"]})
     return PosteriorRun(samples, idata, check_diagnostics(idata, divergences, var_names=var_names,
-                                                          num_steps=np.asarray(extra["num_steps"]),
+                                                          num_steps=extra["num_steps"],
                                                           max_tree_depth=MAX_TREE_DEPTH))
+
+
+def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples, extra_fields,
+                   progress) -> list:
+    chunk = mcmc.num_samples
+    progress(f"warm-up: {num_chains} chains x {num_warmup} iterations")
+    start = time.perf_counter()
+    try:
+        mcmc.warmup(jax.random.PRNGKey(seed), *model_args, init_params=init_params)
+        progress(f"warm-up done in {time.perf_counter() - start:.0f} s; draws 0/{num_samples} per chain")
+        start, pieces = time.perf_counter(), []
+        for done in range(chunk, num_samples + 1, chunk):
+            mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
+            pieces.append((mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)))
+            mcmc.post_warmup_state = mcmc.last_state
+            now = time.perf_counter()
+            if done == chunk:  # the first piece also compiles the sampling loop: time the others
+                start, left = now, None
+            else:
+                left = (now - start) / (done - chunk) * (num_samples - done)
+            progress(f"draws {done}/{num_samples} per chain"
+                     + (f", about {left:.0f} s left" if left is not None and done < num_samples else ""))
+    finally:
+        mcmc.post_warmup_state = None  # the cached sampler starts the next call from its own warm-up
+    return pieces
 
 
 def _jittered(centre: dict[str, float], num_chains: int, seed: int, scale: float) -> dict[str, jax.Array]:
@@ -562,6 +615,8 @@ def sample_loss_law(
     progress_bar: bool = True,
     target_accept: float = 0.9,
     summarize: bool = True,
+    progress: Callable[[str], None] | None = None,
+    dense_mass: bool = True,
 ) -> PosteriorRun:
     """NUTS posterior of a loss law on runs (N, D, L), started around the point fit ``init``.
 
@@ -571,6 +626,13 @@ def sample_loss_law(
     then also hold ``centre_log_d`` (the data's mean log D, for :func:`new_run_offsets`).
     ``summarize=False`` skips the ArviZ conversion and diagnostics (``inference_data`` and
     ``diagnostics`` are then None): for loops over many small fits such as calibration.
+    ``progress`` receives a line after the warm-up and after each fifth of the draws (draws done,
+    time left); the draws are the same with or without it.
+
+    ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients are strongly
+    correlated (a scale with its exponent, the irreducible loss with both), which a diagonal
+    metric can only follow with long trajectories, many at the maximum tree depth
+    (:attr:`Diagnostics.max_tree_depth_share`; ``docs/benchmarks.md`` has the comparison).
     """
     family = family_of(init) if family is None else family
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
@@ -594,7 +656,8 @@ def sample_loss_law(
                      init_params=_jittered(centre, num_chains, seed, 0.02),
                      var_names=loss_law_sites(family, run_effects=run is not None),
                      num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
-                     progress_bar=progress_bar, target_accept=target_accept, summarize=summarize)
+                     progress_bar=progress_bar, target_accept=target_accept, summarize=summarize,
+                     progress=progress, dense_mass=dense_mass)
     if run is not None:
         out.samples["centre_log_d"] = np.asarray(float(jnp.mean(log_d)))
     return out
@@ -685,9 +748,10 @@ def sample_plane(
     progress_bar: bool = True,
     target_accept: float | None = None,
     summarize: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> PosteriorRun:
-    """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` as in
-    :func:`sample_loss_law`.
+    """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` and
+    ``progress`` as in :func:`sample_loss_law`.
 
     ``draft`` and ``target`` (an integer model per pair, e.g.
     :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
@@ -723,7 +787,7 @@ def sample_plane(
                      var_names=var_names, num_chains=num_chains, num_warmup=num_warmup,
                      num_samples=num_samples, seed=seed, progress_bar=progress_bar,
                      target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
-                     summarize=summarize, dense_mass=dense)
+                     summarize=summarize, dense_mass=dense, progress=progress)
 
 
 def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:

@@ -263,7 +263,7 @@ def sample_posterior(
 
     def law_sample():
         return bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=point.law, family=point.family,
-                                     seed=seed, run=run, **kw)
+                                     seed=seed, run=run, progress=_nuts_progress(log, "loss law"), **kw)
 
     if law_run is not None:
         reused = False
@@ -296,7 +296,8 @@ def sample_posterior(
         def plane_sample():
             return bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
                                       weights=acceptance.regression_weights(), model=point.acceptance_model,
-                                      seed=plane_seed, **groups, **kw)
+                                      seed=plane_seed, progress=_nuts_progress(log, "acceptance"),
+                                      **groups, **kw)
 
         log(f"posterior: loss law done (max R-hat {law_run.diagnostics.max_rhat:.3f}); sampling the acceptance "
             "model")
@@ -306,6 +307,14 @@ def sample_posterior(
         diagnostics["plane"] = plane_run.diagnostics
         planes = bayes.planes_from_posterior(plane_run.samples, point.acceptance_model)
     return Posterior(laws, planes, law_run, plane_run, diagnostics, identified)
+
+
+def _nuts_progress(log: Log, what: str) -> Callable[[str], None] | None:
+    """NUTS's progress lines as continuations of the current step (None when nobody reads them:
+    the sampler then runs in one piece)."""
+    if log is _quiet:
+        return None
+    return lambda msg: log(f"  ... {what} NUTS {msg}")
 
 
 def has_repeated_runs(runs: PretrainingRuns) -> bool:

@@ -43,7 +43,27 @@ def test_diagnostics_flag_disagreeing_chains_and_divergences():
     steps = np.array([[3, 7, 1023, 15], [1023, 1023, 7, 3]])
     geometry = check_diagnostics(good, 0, var_names=["theta"], num_steps=steps, max_tree_depth=10)
     assert geometry.mean_steps == pytest.approx(steps.mean()) and geometry.max_tree_depth_share == 3 / 8
+    assert not geometry.ok and any("maximum tree depth" in p for p in geometry.problems)
     assert np.isnan(check_diagnostics(good, 0, var_names=["theta"]).mean_steps)
+    one_in_200 = np.full((2, 100), 7)
+    one_in_200[0, 0] = 1023  # 0.5% at the cap passes
+    assert check_diagnostics(good, 0, var_names=["theta"], num_steps=one_in_200, max_tree_depth=10).ok
+
+
+def test_progress_reports_warm_up_and_draws_and_changes_no_draw():
+    rng = np.random.default_rng(3)
+    x, y = rng.uniform(5, 60, 40), rng.uniform(3, 20, 40)
+    alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, 40)
+    kw = dict(num_chains=2, num_warmup=100, num_samples=200, progress_bar=False, seed=4)
+    lines = []
+    pieces = sample_plane(x, y, alpha, progress=lines.append, **kw)
+    whole = sample_plane(x, y, alpha, **kw)
+    for k in whole.samples:
+        np.testing.assert_array_equal(pieces.samples[k], whole.samples[k])
+    assert pieces.diagnostics == whole.diagnostics
+    assert lines[0].startswith("warm-up: 2 chains x 100 iterations") and "draws 0/200" in lines[1]
+    assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/200" for k in range(40, 201, 40)]
+    assert all("s left" in line for line in lines[3:-1]) and "left" not in lines[-1]
 
 
 def test_propagation_of_identical_draws_collapses_to_the_point_solution():

@@ -41,14 +41,19 @@ def test_point_fit_on_shipped_data_writes_summary_and_figures(tmp_path):
         assert (out / name).stat().st_size > 10_000
 
 
-def test_posterior_with_acceptance_data(tmp_path):
+def test_posterior_with_acceptance_data(tmp_path, capsys):
     acc = synthetic_acceptance(tmp_path / "acc.csv", np.random.default_rng(0))
     out = tmp_path / "out"
     # Two named targets: by default a run on user pairs predicts for every measured target (30 here).
     code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150",
-                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--quiet", "--seed", "3",
+                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--seed", "3",
                          "--targets", "13e9", "7e10"])
     assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
+    printed = capsys.readouterr().out
+    # NUTS says where it is: after the warm-up and after each fifth of the draws, with the time left.
+    for what in ("loss law", "acceptance"):
+        assert f"... {what} NUTS warm-up done in" in printed and f"... {what} NUTS draws 150/150 per chain" in printed
+    assert "s left" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["plane"]["source"].startswith("fitted")
     for t in summary["targets"]:
