@@ -651,7 +651,7 @@ def diagnostics_advice(name: str, post) -> str:
         return ("The data do not identify: " + "; ".join(flags) + ". Longer chains will not fix this: add runs at "
                 "more model sizes and more budgets per size (the N and D terms need each to vary on its own), fix "
                 "the parameter from elsewhere, or choose a form with fewer coefficients (--law).")
-    depth = getattr(post.diagnostics, "max_tree_depth_share", float("nan"))
+    depth = getattr(getattr(post, "diagnostics", None), "max_tree_depth_share", float("nan"))
     if depth > 0.01:
         return (f"{depth:.0%} of draws hit NUTS's maximum tree depth: the posterior is badly scaled or curved (a "
                 "coefficient barely constrained, or two that trade off non-linearly). More draws will not help; a form "

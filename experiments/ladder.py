@@ -150,7 +150,7 @@ def rung_seed(rung: Rung, preset: Preset) -> int:
     return preset.seed * 1000 + preset.rungs.index(rung)
 
 
-def _n_params(rung: Rung, preset: Preset) -> int:
+def rung_n_params(rung: Rung, preset: Preset) -> int:
     abstract = nnx.eval_shape(lambda: Transformer(rung_config(rung, preset.seq_len), rngs=nnx.Rngs(0)))
     return count_params(abstract)
 
@@ -318,7 +318,7 @@ def _train_ladder(args, argv, preset, out) -> int:
             train_rung(rung, preset, corpus.train, evaluation, out, log)
     models = []  # every finished (size, budget) in --out, trained by this call or an earlier one
     for rung in preset.rungs:
-        for budget in plan_rung(rung, preset, _n_params(rung, preset)).budgets:
+        for budget in plan_rung(rung, preset, rung_n_params(rung, preset)).budgets:
             path = os.path.join(out, rung.name, f"budget_{budget}", "result.json")
             if os.path.exists(path):
                 with open(path) as f:

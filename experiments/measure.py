@@ -62,6 +62,7 @@ SPECULATIVE_DEFAULTS = {
     "real": dict(gammas="1,2,4,6,8,10", prompts=32, prompt_len=48, new_tokens=64, timing_prompts=4, repeats=7),
     "micro": dict(gammas="1,3", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
 }
+SPECULATIVE_DEFAULTS["factorial"] = SPECULATIVE_DEFAULTS["real"]  # the same shapes, every one at five budgets
 
 
 def load_ladder(directory: str) -> tuple[dict, dict]:
@@ -291,6 +292,9 @@ def parse_args(argv):
     p.add_argument("--timing-prompts", type=int, default=None, help="prompts per wall-clock repeat (real: 4; micro: 2)")
     p.add_argument("--repeats", type=int, default=None, help="wall-clock repeats (real: 7; micro: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling keys (0)")
+    p.add_argument("--exact-only", action="store_true",
+                   help="write the exact acceptance of every pair and the pre-training runs, skip the speculative "
+                        "runs and their timing (a later run without it adds them)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for name, value in SPECULATIVE_DEFAULTS[args.preset].items():
@@ -348,6 +352,8 @@ def _measure(args, argv, preset, ladder_dir, out) -> int:
         save_pretraining(runs, os.path.join(out, f"pretraining{suffix}.csv"))
         save_acceptance(acceptance, os.path.join(out, f"acceptance{suffix}.csv"))
     log(f"wrote pretraining / acceptance CSVs ({len(registry['models'])} runs, {len(pairs)} pairs) to {out}")
+    if args.exact_only:
+        return 0
     spec = speculative_runs(models, args, log, os.path.join(out, "stages", "speculative.jsonl"))
     _write_csv(os.path.join(out, "speculative.csv"), spec)
     load_speculative(os.path.join(out, "speculative.csv"))  # what we wrote follows sdsl-speculative v1

@@ -110,7 +110,7 @@ def _loss_plane(coefficients, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> ja
 
 
 def predictive_acceptance(model: Any, ppl_draft: ArrayLike, ppl_target: ArrayLike, *, shift: ArrayLike = 0.0,
-                          z: ArrayLike = 0.0, sigma: ArrayLike = 0.0) -> jax.Array:
+                          z: ArrayLike | None = None, sigma: ArrayLike | None = None) -> jax.Array:
     """One predictive draw of a pair's alpha: the model's linear predictor, shifted, plus a residual.
 
     ``eta = model.predictor(x, y) + shift`` (``shift``: the draft's and target's model effects, on
@@ -121,17 +121,20 @@ def predictive_acceptance(model: Any, ppl_draft: ArrayLike, ppl_target: ArrayLik
       (:func:`sdsl_jax.normal.truncated_normal_quantile`; ``eta + sigma z`` far from the bounds).
 
     With ``sigma = 0`` it is the model's rate at ``eta`` (which, for the identity link, may leave
-    (0, 1)). A model without ``predictor``/``link`` (a user's) is taken as identity-linked on its
-    ``rate``.
+    (0, 1)); ``sigma=None`` (no residual) is the same without the truncated quantile in the program.
+    A model without ``predictor``/``link`` (a user's) is taken as identity-linked on its ``rate``.
     """
     link = getattr(model, "link", "identity")
+    if link not in ("identity", "logit"):
+        raise ValueError(f"unknown acceptance link {link!r}: use 'identity' or 'logit'")
     predictor = getattr(model, "predictor", model.rate)
-    eta, shift, z, sigma = as_float(predictor(ppl_draft, ppl_target), shift, z, sigma)
+    eta, shift = as_float(predictor(ppl_draft, ppl_target), shift)
     eta = eta + shift
+    if sigma is None:
+        return jax.nn.sigmoid(eta) if link == "logit" else eta
+    z, sigma = as_float(0.0 if z is None else z, sigma)
     if link == "logit":
         return jax.nn.sigmoid(eta + sigma * z)
-    if link != "identity":
-        raise ValueError(f"unknown acceptance link {link!r}: use 'identity' or 'logit'")
     positive = sigma > 0
     bounded = truncated_normal_quantile(z, eta, jnp.where(positive, sigma, 1.0))
     return jnp.where(positive, bounded, eta)
@@ -156,15 +159,15 @@ class ResidualAcceptance(NamedTuple):
       draft_log_loss, target_log_loss: offsets of the draft's and the target's log loss.
       alpha: shift of the linear predictor (the draft's and target's model effects).
       alpha_z, alpha_sigma: the pair's residual, a standard normal draw and its scale
-        (:func:`predictive_acceptance`: the draw stays in [0, 1]).
+        (:func:`predictive_acceptance`: the draw stays in [0, 1]); None: no residual.
     """
 
     model: Any
     draft_log_loss: ArrayLike = 0.0
     target_log_loss: ArrayLike = 0.0
     alpha: ArrayLike = 0.0
-    alpha_z: ArrayLike = 0.0
-    alpha_sigma: ArrayLike = 0.0
+    alpha_z: ArrayLike | None = None
+    alpha_sigma: ArrayLike | None = None
 
     def rate(self, ppl_draft: ArrayLike, ppl_target: ArrayLike) -> jax.Array:
         x, y, dx, dy = as_float(ppl_draft, ppl_target, self.draft_log_loss, self.target_log_loss)

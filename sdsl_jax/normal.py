@@ -64,16 +64,18 @@ def log_ndtri(log_p: ArrayLike) -> jax.Array:
     (lp,) = as_float(log_p)
     tiny_log = math.log(jnp.finfo(lp.dtype).tiny) + 10.0
     upper = lp > -math.log(2.0)
-    deep = lp < tiny_log
     mid_lp = jnp.clip(lp, tiny_log, 0.0)
-    central = jnp.where(upper, -ndtri(-jnp.expm1(jnp.where(upper, mid_lp, -1.0))), ndtri(jnp.exp(mid_lp)))
+    # One ndtri for both central regions: of p below 1/2, of 1 - p above (and the sign flipped).
+    central = jnp.where(upper, -1.0, 1.0) * ndtri(jnp.where(upper, -jnp.expm1(mid_lp), jnp.exp(mid_lp)))
     deep_lp = jnp.minimum(lp, tiny_log)
     t = -2.0 * deep_lp
-    x = -jnp.sqrt(t - jnp.log(t) - 2.0 * _LOG_SQRT_2PI)
-    for _ in range(_NEWTON_STEPS):
+
+    def newton(_, x):
         log_cdf = log_ndtr(x)
-        x = x - (log_cdf - deep_lp) * jnp.exp(log_cdf - _log_phi(x))
-    out = jnp.where(deep, x, central)
+        return x - (log_cdf - deep_lp) * jnp.exp(log_cdf - _log_phi(x))
+
+    deep = jax.lax.fori_loop(0, _NEWTON_STEPS, newton, -jnp.sqrt(t - jnp.log(t) - 2.0 * _LOG_SQRT_2PI))
+    out = jnp.where(lp < tiny_log, deep, central)
     return jnp.where(lp > 0, jnp.nan, out)
 
 
@@ -84,9 +86,9 @@ def _log_ndtri_jvp(primals, tangents):
     return x, jnp.exp(jnp.asarray(lp, x.dtype) - _log_phi(x)) * dlp
 
 
-def _lower_standard_quantile(a: jax.Array, b: jax.Array, z: jax.Array) -> jax.Array:
-    """``Phi^{-1}(Phi(a)(1 - u) + Phi(b) u)``, ``u = Phi(z)``, in log space (accurate for ``a + b <= 0``)."""
-    log_p = jnp.logaddexp(log_ndtr_accurate(-z) + log_ndtr_accurate(a), log_ndtr_accurate(z) + log_ndtr_accurate(b))
+def _lower_standard_quantile(a: jax.Array, b: jax.Array, log_u: jax.Array, log_1mu: jax.Array) -> jax.Array:
+    """``Phi^{-1}(Phi(a)(1 - u) + Phi(b) u)`` from ``log u`` and ``log(1 - u)``, in log space (accurate for ``a + b <= 0``)."""
+    log_p = jnp.logaddexp(log_1mu + log_ndtr_accurate(a), log_u + log_ndtr_accurate(b))
     return log_ndtri(jnp.minimum(log_p, 0.0))
 
 
@@ -106,11 +108,16 @@ def truncated_normal_quantile(z: ArrayLike, loc: ArrayLike, scale: ArrayLike, *,
     below, above = a > _FAR, b < -_FAR
     far = below | above
     a_in, b_in = jnp.where(far, -1.0, a), jnp.where(far, 1.0, b)
-    lower = a_in + b_in <= 0
-    s = jnp.where(lower, _lower_standard_quantile(a_in, b_in, z), -_lower_standard_quantile(-b_in, -a_in, -z))
+    # u = Phi(z) in logs, once: log u and log(1 - u) serve the exact form and both tails.
+    log_u, log_1mu = log_ndtr_accurate(z), log_ndtr_accurate(-z)
+    # The interval in the lower half as it stands, else its mirror x -> -x (then u <-> 1 - u, s -> -s).
+    mirror = a_in + b_in > 0
+    s = jnp.where(mirror, -1.0, 1.0) * _lower_standard_quantile(
+        jnp.where(mirror, -b_in, a_in), jnp.where(mirror, -a_in, b_in), jnp.where(mirror, log_1mu, log_u),
+        jnp.where(mirror, log_u, log_1mu))
     exact = loc + scale * s
-    from_low = low + scale * (-log_ndtr_accurate(-z)) / jnp.where(below, a, 1.0)
-    from_high = high - scale * (-log_ndtr_accurate(z)) / jnp.where(above, -b, 1.0)
+    from_low = low + scale * (-log_1mu) / jnp.where(below, a, 1.0)
+    from_high = high - scale * (-log_u) / jnp.where(above, -b, 1.0)
     draw = jnp.where(below, from_low, jnp.where(above, from_high, exact))
     # The draw lies in [low, high] exactly; rounding can step an ulp past a bound when it sits on
     # it, which min/max undo (a no-op everywhere else, gradients unchanged inside).

@@ -53,6 +53,7 @@ __all__ = [
     "CandidateLabels",
     "predictive_scales",
     "predictive_planes",
+    "acceptance_draws",
     "has_repeated_runs",
     "predict_draft_size",
     "rank_drafts",
@@ -263,7 +264,7 @@ def sample_posterior(
 
     def law_sample():
         return bayes.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=point.law, family=point.family,
-                                     seed=seed, run=run, progress=_nuts_progress(log, "loss law"), **kw)
+                                     seed=seed, run=run, progress=_nuts_progress(log, "loss law", num_warmup + num_samples), **kw)
 
     if law_run is not None:
         reused = False
@@ -296,7 +297,7 @@ def sample_posterior(
         def plane_sample():
             return bayes.sample_plane(acceptance.ppl_draft, acceptance.ppl_target, acceptance.alpha,
                                       weights=acceptance.regression_weights(), model=point.acceptance_model,
-                                      seed=plane_seed, progress=_nuts_progress(log, "acceptance"),
+                                      seed=plane_seed, progress=_nuts_progress(log, "acceptance", num_warmup + num_samples),
                                       **groups, **kw)
 
         log(f"posterior: loss law done (max R-hat {law_run.diagnostics.max_rhat:.3f}); sampling the acceptance "
@@ -309,10 +310,15 @@ def sample_posterior(
     return Posterior(laws, planes, law_run, plane_run, diagnostics, identified)
 
 
-def _nuts_progress(log: Log, what: str) -> Callable[[str], None] | None:
-    """NUTS's progress lines as continuations of the current step (None when nobody reads them:
-    the sampler then runs in one piece)."""
-    if log is _quiet:
+PROGRESS_MIN_ITERATIONS = 1000
+"""NUTS runs of at least this many iterations per chain (warm-up + draws) report their progress; shorter
+ones finish in seconds and run in one piece (the pieces compile a second loop)."""
+
+
+def _nuts_progress(log: Log, what: str, iterations: int) -> Callable[[str], None] | None:
+    """NUTS's progress lines as continuations of the current step (None when nobody reads them, or
+    the run is short: the sampler then runs in one piece)."""
+    if log is _quiet or iterations < PROGRESS_MIN_ITERATIONS:
         return None
     return lambda msg: log(f"  ... {what} NUTS {msg}")
 
@@ -508,6 +514,9 @@ def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, 
     dy = scales.log_loss_offsets(np.log(d_target), seed=seed + 1)
     shift, z = (v[:, 0] for v in scales.alpha_residuals(np.random.default_rng(seed + 2), 1))
     planes = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,)), planes)
+    # A fixed plane has no residual known (sigma all zero): no residual, and no truncated quantile to compile.
+    if not np.any(np.asarray(scales.alpha_sigma) > 0):
+        return ResidualAcceptance(planes, dx, dy, shift)
     return ResidualAcceptance(planes, dx, dy, shift, z, scales.alpha_sigma)
 
 
@@ -657,15 +666,31 @@ def _predictive_throughput(laws, planes, scales: PredictiveScales, n, d, m_targe
                            labels: CandidateLabels):
     """T per (draw, candidate) with residuals drawn on log loss and on alpha (new models', or
     conditioned on the posterior effects of the runs and models ``labels`` names)."""
+    alpha = _predictive_alpha(laws, planes, scales, n, d, m_target, d_target, seed, labels)
+    return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
+
+
+def _predictive_alpha(laws, planes, scales: PredictiveScales, n, d, m_target, d_target, seed: int,
+                      labels: CandidateLabels) -> np.ndarray:
     rng = np.random.default_rng(seed)
     log_x = np.log(np.asarray(laws.loss(n[None, :], d[None, :]))) + scales.log_loss_offsets(
         np.log(d)[None, :], size=(n.size,), seed=seed, runs=labels.draft_runs)
     log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + scales.log_loss_offsets(
         np.log(d_target), size=(1,), seed=seed + 1, runs=None if labels.target_run is None else (labels.target_run,))
     shift, z = scales.alpha_residuals(rng, n.size, drafts=labels.draft_models, target=labels.target_model)
-    alpha = np.asarray(predictive_acceptance(planes, np.exp(np.exp(log_x)), np.exp(np.exp(log_y)), shift=shift, z=z,
-                                             sigma=scales.alpha_sigma[:, None]))
-    return np.asarray(best_lookahead(cost, alpha, n[None, :], m_target).throughput)
+    sigma = scales.alpha_sigma[:, None] if np.any(np.asarray(scales.alpha_sigma) > 0) else None
+    return np.asarray(predictive_acceptance(planes, np.exp(np.exp(log_x)), np.exp(np.exp(log_y)), shift=shift, z=z,
+                                            sigma=sigma))
+
+
+def acceptance_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: np.ndarray, m_target: float,
+                     d_target: float, scales: PredictiveScales, labels: CandidateLabels | None = None,
+                     seed: int = 0) -> np.ndarray:
+    """Posterior-predictive alpha of each candidate paired with the target, shape ``(draws, candidates)``:
+    the draws :func:`throughput_draws` turns into T for the same ``seed`` (every draw in [0, 1])."""
+    n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
+    laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
+    return _predictive_alpha(laws, planes, scales, n, d, m_target, d_target, seed, labels or CandidateLabels())
 
 
 class FormWeights(NamedTuple):

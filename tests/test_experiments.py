@@ -54,7 +54,7 @@ def test_a_budget_is_the_standalone_wsd_run_of_that_length(micro_ladder):
     ladder_dir, _ = micro_ladder
     rung = PRESET.rungs[0]
     config = ladder.rung_config(rung, PRESET.seq_len)
-    plan = ladder.plan_rung(rung, PRESET, ladder._n_params(rung, PRESET))
+    plan = ladder.plan_rung(rung, PRESET, ladder.rung_n_params(rung, PRESET))
     budget, fork = plan.budgets[0], plan.forks[0]
     branch = ladder.load_model(config, str(ladder_dir / rung.name / f"budget_{budget}" / "params"))
     standalone, _ = train(config, load_corpus().train, steps=budget, batch_size=rung.batch_size,
@@ -92,7 +92,7 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_module, "shard_batch", counting)
     assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
-    plan = ladder.plan_rung(PRESET.rungs[0], PRESET, ladder._n_params(PRESET.rungs[0], PRESET))
+    plan = ladder.plan_rung(PRESET.rungs[0], PRESET, ladder.rung_n_params(PRESET.rungs[0], PRESET))
     assert steps["n"] <= plan.total_steps - 20  # resumed, not restarted
     clean, killed = _registry(tmp_path / "clean"), _registry(tmp_path / "killed")
     for a, b in zip(clean["models"], killed["models"]):

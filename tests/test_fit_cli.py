@@ -49,11 +49,8 @@ def test_posterior_with_acceptance_data(tmp_path, capsys):
                          "--starts", "10", "--num-targets", "5", "--out", str(out), "--seed", "3",
                          "--targets", "13e9", "7e10"])
     assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
-    printed = capsys.readouterr().out
-    # NUTS says where it is: after the warm-up and after each fifth of the draws, with the time left.
-    for what in ("loss law", "acceptance"):
-        assert f"... {what} NUTS warm-up done in" in printed and f"... {what} NUTS draws 150/150 per chain" in printed
-    assert "s left" in printed
+    # A run this short (300 iterations per chain) finishes in seconds: NUTS runs in one piece, silently.
+    assert "NUTS draws" not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["plane"]["source"].startswith("fitted")
     for t in summary["targets"]:

@@ -1,0 +1,215 @@
+"""Register the factorial ladder's prediction for its held-back models before they exist.
+
+    python -m experiments.measure --preset factorial --exact-only --out out/ladder/factorial/measure
+    python -m experiments.preregister --data out/ladder/factorial/measure --out fits/ladder/preregistered
+
+Fits the loss law (run effects) and the acceptance plane (per-model effects) to the factorial
+ladder's pre-training runs and exact acceptance pairs, then, for every target of the ladder and
+the held-back target, ranks every smaller model at the top shared budget as a candidate draft
+(the held-back draft included): P(best), the Bayes decision (highest posterior-expected T), T and
+alpha per candidate with 90% predictive bands, N* with its band, and the forecasts of the simple
+baselines (:mod:`sdsl_jax.forecast`). Writes ``predictions.json`` and ``predictions.md``; the file is
+committed before any held-back model is trained, and never edited afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from experiments.runlog import Log, UsageError, check_arguments, run_command, sha256, versions, write_json
+
+__all__ = ["main"]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m experiments.preregister", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="folder with pretraining.csv and acceptance.csv (experiments.measure)")
+    p.add_argument("--preset", default="factorial", help="the ladder preset whose held-back rungs are predicted")
+    p.add_argument("--out", default="fits/ladder/preregistered", help="output folder")
+    p.add_argument("--chains", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=500)
+    p.add_argument("--draws", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return out + ("+modified" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _quantiles(x: np.ndarray) -> list[float]:
+    with np.errstate(all="ignore"):
+        return [float(v) for v in np.nanquantile(x, [0.05, 0.5, 0.95], axis=0)] if np.isfinite(x).any() else [None] * 3
+
+
+def measured_throughput(pairs, d_top: float) -> dict[tuple[str, str], dict]:
+    """T at the best integer lookahead from each pair's exact alpha, for pairs at the top budget."""
+    from sdsl_jax import SDSL_FLOPS, best_lookahead
+
+    out = {}
+    for i in range(len(pairs.alpha)):
+        if pairs.d_draft[i] == d_top and pairs.d_target[i] == d_top:
+            best = best_lookahead(SDSL_FLOPS, float(pairs.alpha[i]), float(pairs.n_draft[i]), float(pairs.n_target[i]))
+            out[pairs.draft[i].split("@")[0], pairs.target[i].split("@")[0]] = dict(
+                alpha=float(pairs.alpha[i]), throughput=float(best.throughput))
+    return out
+
+
+def predict(args, log: Log) -> dict:
+    from experiments import ladder
+    from experiments.closure import run_label_of
+    from sdsl_jax import bayes, load_acceptance, load_pretraining, pipeline
+    from sdsl_jax.forecast import baseline_forecasts, bayes_decision
+
+    preset = ladder.PRESETS[args.preset]
+    runs = load_pretraining(os.path.join(args.data, "pretraining.csv"))
+    pairs = load_acceptance(os.path.join(args.data, "acceptance.csv"))
+    sizes = {r.name: float(ladder.rung_n_params(r, preset)) for r in preset.rungs}
+    held_back = [r for r in preset.rungs if r.held_back]
+    present = [r.name for r in held_back if np.any(np.isclose(runs.n_params, sizes[r.name]))]
+    if present:
+        raise UsageError(f"--data holds rows of held-back model(s) {present}: a prediction is registered before "
+                         "their data exist")
+    d_top = float(np.max(runs.n_tokens))
+    log(f"data: {len(runs.loss)} pre-training runs, {len(pairs.alpha)} acceptance pairs; top shared budget "
+        f"{d_top:.4g} tokens")
+    point = pipeline.fit_point(runs, pairs, log=log)
+    posterior = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
+                                          num_samples=args.draws, seed=args.seed, log=log)
+    draws = pipeline.paired_draws(posterior)
+    scales = pipeline.predictive_scales(posterior, runs=runs, acceptance=pairs)
+    laws, planes = draws
+    measured = measured_throughput(pairs, d_top)
+    # The data name models "<rung>@<steps>": each rung's top-budget model as a draft and as a target.
+    top_drafts = {lab.split("@")[0]: lab for lab, dd in zip(pairs.draft, pairs.d_draft) if dd == d_top}
+    top_targets = {lab.split("@")[0]: lab for lab, dt in zip(pairs.target, pairs.d_target) if dt == d_top}
+    order = sorted(sizes, key=sizes.get)
+    targets, earlier, previous_best = [], [], None
+    for t_name in order[1:]:
+        m = sizes[t_name]
+        cands = [c for c in order if sizes[c] < m]
+        n = np.array([sizes[c] for c in cands])
+        d = np.full(n.size, d_top)
+        labels = pipeline.CandidateLabels(
+            draft_runs=tuple(run_label_of(runs, float(v), d_top) for v in n), target_run=run_label_of(runs, m, d_top),
+            draft_models=tuple(top_drafts.get(c) for c in cands), target_model=top_targets.get(t_name))
+        kw = dict(n_drafts=n, d_drafts=d, m_target=m, d_target=d_top, scales=scales, labels=labels, seed=args.seed)
+        t_draws = pipeline.throughput_draws(draws, **kw)
+        alpha_draws = pipeline.acceptance_draws(draws, **kw)
+        decision = bayes_decision(t_draws)
+        ranking = pipeline.rank_drafts(point, draws=draws, **kw)
+        n_star = bayes.propagate_draft_size(
+            np.array([m]), laws, pipeline.predictive_planes(planes, scales, d_draft=d_top, d_target=d_top,
+                                                            seed=args.seed),
+            d_draft=d_top, d_target=d_top, quantiles=(0.05, 0.5, 0.95))
+        baselines = baseline_forecasts(n, m, previous_best=previous_best, earlier=earlier)
+        t_measured = [measured.get((c, t_name), {}).get("throughput") for c in cands]
+        record = dict(
+            target=t_name, m_target=m, d_target=d_top, held_back_target=t_name in {r.name for r in held_back},
+            candidates=[dict(name=c, n_params=sizes[c], d_tokens=d_top, held_back=c in {r.name for r in held_back},
+                             p_best=float(decision.p_best[j]), expected_tokens_per_flop=float(decision.expected_throughput[j]),
+                             tokens_per_flop_point=float(ranking.throughput[j]),
+                             tokens_per_flop_90=_quantiles(t_draws[:, j]), alpha_point=float(ranking.alpha[j]),
+                             alpha_90=_quantiles(alpha_draws[:, j]),
+                             inadmissible_share=float(np.mean(~np.isfinite(t_draws[:, j]))))
+                        for j, c in enumerate(cands)],
+            bayes_decision=dict(draft=cands[decision.choice], p_best=float(decision.p_best[decision.choice]),
+                                expected_regret=decision.expected_regret),
+            point_fit_best=cands[ranking.best] if ranking.best is not None else None,
+            n_star_90=[float(v) for v in np.asarray(n_star.n_star)[:, 0]],
+            n_star_failed_fraction=float(np.asarray(n_star.failed_fraction)[0]),
+            baselines={f.name: dict(p_best=f.p_best.tolist(), rule=f.rule) for f in baselines},
+            measured_in_data={c: v for c, v in zip(cands, t_measured) if v is not None})
+        targets.append(record)
+        log(f"{t_name} (M = {m:,.0f}): Bayes decision {record['bayes_decision']['draft']} "
+            f"(P(best) {record['bayes_decision']['p_best']:.2f}); N* 90% [{record['n_star_90'][0]:,.0f}, "
+            f"{record['n_star_90'][2]:,.0f}]")
+        # The baselines of the next target see only what is measured: this target's best among measured drafts.
+        known = {c: v for c, v in zip(cands, t_measured) if v is not None}
+        if known:
+            best = max(known, key=known.get)
+            previous_best = sizes[best]
+            earlier.append((m, sizes[best]))
+    diagnostics = {k: v._asdict() for k, v in posterior.diagnostics.items()}
+    return dict(
+        held_back=[dict(name=r.name, n_params=int(sizes[r.name]), role=r.note) for r in held_back],
+        data=dict(pretraining=os.path.join(args.data, "pretraining.csv"),
+                  pretraining_sha256=sha256(os.path.join(args.data, "pretraining.csv")),
+                  acceptance=os.path.join(args.data, "acceptance.csv"),
+                  acceptance_sha256=sha256(os.path.join(args.data, "acceptance.csv")),
+                  runs=int(len(runs.loss)), pairs=int(len(pairs.alpha)), top_budget_tokens=d_top),
+        method=dict(law=point.family.name, acceptance_model=point.acceptance_model.name,
+                    run_effects=bool(pipeline.has_repeated_runs(runs)), chains=args.chains, warmup=args.warmup,
+                    draws=args.draws, decision="the candidate with the highest posterior-expected T",
+                    bands="posterior-predictive, 5%/50%/95%"),
+        diagnostics=diagnostics, targets=targets)
+
+
+def write_markdown(path: str, record: dict) -> None:
+    from sdsl_jax.store import write_text
+
+    lines = ["# Preregistered prediction: the factorial ladder's held-back models", "",
+             f"Made by `{record['command']}` at commit `{record['commit']}` on {record['date']}, before any "
+             "held-back model was trained. Held back: "
+             + ", ".join(f"{h['name']} ({h['n_params']:,} parameters: {h['role']})" for h in record["held_back"]) + ".",
+             "", "Posterior diagnostics: " + "; ".join(
+                 f"{k} {'OK' if v['ok'] else 'FAILED (' + ', '.join(v['problems']) + ')'}"
+                 for k, v in record["diagnostics"].items()), ""]
+    for t in record["targets"]:
+        lines += [f"## Target {t['target']} (M = {t['m_target']:,.0f}{', held back' if t['held_back_target'] else ''})",
+                  "", f"Bayes decision: **{t['bayes_decision']['draft']}** (P(best) {t['bayes_decision']['p_best']:.2f}, "
+                  f"expected regret {t['bayes_decision']['expected_regret']:.3f}); N* 90% "
+                  f"[{t['n_star_90'][0]:,.0f}, {t['n_star_90'][2]:,.0f}] (median {t['n_star_90'][1]:,.0f}).", "",
+                  "| candidate | N | P(best) | T per GFLOP, median [90%] | alpha, median [90%] | "
+                  + " | ".join(t["baselines"]) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(t["baselines"])]
+        for j, c in enumerate(t["candidates"]):
+            tq, aq = c["tokens_per_flop_90"], c["alpha_90"]
+            fmt_t = (f"{tq[1] * 1e9:.4g} [{tq[0] * 1e9:.4g}, {tq[2] * 1e9:.4g}]" if tq[1] is not None else "n/a")
+            fmt_a = (f"{aq[1]:.3f} [{aq[0]:.3f}, {aq[2]:.3f}]" if aq[1] is not None else "n/a")
+            lines.append(f"| {c['name']}{' (held back)' if c['held_back'] else ''} | {c['n_params']:,.0f} | "
+                         f"{c['p_best']:.2f} | {fmt_t} | {fmt_a} | "
+                         + " | ".join(f"{b['p_best'][j]:.2f}" for b in t["baselines"].values()) + " |")
+        lines.append("")
+    write_text(path, "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_command(lambda: _preregister(args, argv), kept="nothing is written until the end")
+
+
+def _preregister(args, argv) -> int:
+    from experiments.runlog import configure_jax, make_output_folder
+
+    check_arguments(args, at_least_one=("chains", "warmup", "draws"), out=args.out)
+    configure_jax()
+    log = Log(args.quiet)
+    with log.heartbeat(8):
+        record = predict(args, log)
+    record = dict(command="python -m experiments.preregister " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  seed=args.seed, versions=versions(), **record)
+    out = make_output_folder(args.out)
+    write_json(os.path.join(out, "predictions.json"), record)
+    write_markdown(os.path.join(out, "predictions.md"), record)
+    log(f"wrote {out}/predictions.json and predictions.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
