@@ -56,16 +56,17 @@ def _quantiles(x: np.ndarray) -> list[float]:
         return [float(v) for v in np.nanquantile(x, [0.05, 0.5, 0.95], axis=0)] if np.isfinite(x).any() else [None] * 3
 
 
-def measured_throughput(pairs, d_top: float) -> dict[tuple[str, str], dict]:
-    """T at the best integer lookahead from each pair's exact alpha, for pairs at the top budget."""
+def measured_throughput(pairs, top: dict[str, float]) -> dict[tuple[str, str], dict]:
+    """T at the best integer lookahead from each pair's exact alpha, for pairs of top-budget models
+    (``top``: each rung's top budget in tokens; models are named ``<rung>@<steps>``)."""
     from sdsl_jax import SDSL_FLOPS, best_lookahead
 
     out = {}
     for i in range(len(pairs.alpha)):
-        if pairs.d_draft[i] == d_top and pairs.d_target[i] == d_top:
+        draft, target = pairs.draft[i].split("@")[0], pairs.target[i].split("@")[0]
+        if np.isclose(pairs.d_draft[i], top.get(draft, np.nan)) and np.isclose(pairs.d_target[i], top.get(target, np.nan)):
             best = best_lookahead(SDSL_FLOPS, float(pairs.alpha[i]), float(pairs.n_draft[i]), float(pairs.n_target[i]))
-            out[pairs.draft[i].split("@")[0], pairs.target[i].split("@")[0]] = dict(
-                alpha=float(pairs.alpha[i]), throughput=float(best.throughput))
+            out[draft, target] = dict(alpha=float(pairs.alpha[i]), throughput=float(best.throughput))
     return out
 
 
@@ -79,33 +80,43 @@ def predict(args, log: Log) -> dict:
     runs = load_pretraining(os.path.join(args.data, "pretraining.csv"))
     pairs = load_acceptance(os.path.join(args.data, "acceptance.csv"))
     sizes = {r.name: float(ladder.rung_n_params(r, preset)) for r in preset.rungs}
+    # Each rung's top shared budget in tokens (whole steps: 10,000,384 at 2,048 tokens per step, 9,998,336 at
+    # 4,096): candidates and targets are the models trained on it.
+    top = {r.name: float(max(plan.budgets) * plan.tokens_per_step)
+           for r in preset.rungs for plan in [ladder.plan_rung(r, preset, int(sizes[r.name]))]}
     held_back = [r for r in preset.rungs if r.held_back]
     present = [r.name for r in held_back if np.any(np.isclose(runs.n_params, sizes[r.name]))]
     if present:
         raise UsageError(f"--data holds rows of held-back model(s) {present}: a prediction is registered before "
                          "their data exist")
-    d_top = float(np.max(runs.n_tokens))
+    missing = [r.name for r in preset.rungs if not r.held_back
+               and not np.any(np.isclose(runs.n_params, sizes[r.name]) & np.isclose(runs.n_tokens, top[r.name]))]
+    if missing:
+        raise UsageError(f"--data lacks the top-budget run of rung(s) {missing} of the '{preset.name}' preset")
     log(f"data: {len(runs.loss)} pre-training runs, {len(pairs.alpha)} acceptance pairs; top shared budget "
-        f"{d_top:.4g} tokens")
+        f"{min(top.values()):.6g}-{max(top.values()):.6g} tokens")
     point = pipeline.fit_point(runs, pairs, log=log)
     posterior = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
                                           num_samples=args.draws, seed=args.seed, log=log)
     draws = pipeline.paired_draws(posterior)
     scales = pipeline.predictive_scales(posterior, runs=runs, acceptance=pairs)
     laws, planes = draws
-    measured = measured_throughput(pairs, d_top)
+    measured = measured_throughput(pairs, top)
     # The data name models "<rung>@<steps>": each rung's top-budget model as a draft and as a target.
-    top_drafts = {lab.split("@")[0]: lab for lab, dd in zip(pairs.draft, pairs.d_draft) if dd == d_top}
-    top_targets = {lab.split("@")[0]: lab for lab, dt in zip(pairs.target, pairs.d_target) if dt == d_top}
+    top_drafts = {lab.split("@")[0]: lab for lab, dd in zip(pairs.draft, pairs.d_draft)
+                  if np.isclose(dd, top[lab.split("@")[0]])}
+    top_targets = {lab.split("@")[0]: lab for lab, dt in zip(pairs.target, pairs.d_target)
+                   if np.isclose(dt, top[lab.split("@")[0]])}
     order = sorted(sizes, key=sizes.get)
     targets, earlier, previous_best = [], [], None
     for t_name in order[1:]:
         m = sizes[t_name]
         cands = [c for c in order if sizes[c] < m]
         n = np.array([sizes[c] for c in cands])
-        d = np.full(n.size, d_top)
+        d = np.array([top[c] for c in cands])
+        d_top = top[t_name]
         labels = pipeline.CandidateLabels(
-            draft_runs=tuple(run_label_of(runs, float(v), d_top) for v in n), target_run=run_label_of(runs, m, d_top),
+            draft_runs=tuple(run_label_of(runs, float(v), float(dv)) for v, dv in zip(n, d)), target_run=run_label_of(runs, m, d_top),
             draft_models=tuple(top_drafts.get(c) for c in cands), target_model=top_targets.get(t_name))
         kw = dict(n_drafts=n, d_drafts=d, m_target=m, d_target=d_top, scales=scales, labels=labels, seed=args.seed)
         t_draws = pipeline.throughput_draws(draws, **kw)
@@ -115,12 +126,12 @@ def predict(args, log: Log) -> dict:
         n_star = bayes.propagate_draft_size(
             np.array([m]), laws, pipeline.predictive_planes(planes, scales, d_draft=d_top, d_target=d_top,
                                                             seed=args.seed),
-            d_draft=d_top, d_target=d_top, quantiles=(0.05, 0.5, 0.95))
+            d_draft=d_top, d_target=d_top, quantiles=(0.05, 0.5, 0.95))  # N* for drafts on the target's budget
         baselines = baseline_forecasts(n, m, previous_best=previous_best, earlier=earlier)
         t_measured = [measured.get((c, t_name), {}).get("throughput") for c in cands]
         record = dict(
             target=t_name, m_target=m, d_target=d_top, held_back_target=t_name in {r.name for r in held_back},
-            candidates=[dict(name=c, n_params=sizes[c], d_tokens=d_top, held_back=c in {r.name for r in held_back},
+            candidates=[dict(name=c, n_params=sizes[c], d_tokens=top[c], held_back=c in {r.name for r in held_back},
                              p_best=float(decision.p_best[j]), expected_tokens_per_flop=float(decision.expected_throughput[j]),
                              tokens_per_flop_point=float(ranking.throughput[j]),
                              tokens_per_flop_90=_quantiles(t_draws[:, j]), alpha_point=float(ranking.alpha[j]),
@@ -151,7 +162,7 @@ def predict(args, log: Log) -> dict:
                   pretraining_sha256=sha256(os.path.join(args.data, "pretraining.csv")),
                   acceptance=os.path.join(args.data, "acceptance.csv"),
                   acceptance_sha256=sha256(os.path.join(args.data, "acceptance.csv")),
-                  runs=int(len(runs.loss)), pairs=int(len(pairs.alpha)), top_budget_tokens=d_top),
+                  runs=int(len(runs.loss)), pairs=int(len(pairs.alpha)), top_budget_tokens=top),
         method=dict(law=point.family.name, acceptance_model=point.acceptance_model.name,
                     run_effects=bool(pipeline.has_repeated_runs(runs)), chains=args.chains, warmup=args.warmup,
                     draws=args.draws, decision="the candidate with the highest posterior-expected T",
