@@ -486,10 +486,8 @@ def _draw_chunk(num_samples: int, pieces: int = 5) -> int:
     """The draws per chain of each progress report: a divisor of ``num_samples`` near a fifth of it,
     so that every piece runs one compiled loop (``num_samples`` itself when none fits)."""
     target = max(1, num_samples // pieces)
-    for size in sorted(range(1, num_samples + 1), key=lambda k: (abs(k - target), k)):
-        if num_samples % size == 0 and num_samples // pieces // 2 <= size <= num_samples // 2:
-            return size
-    return num_samples
+    sizes = [k for k in range(max(1, target // 2), num_samples // 2 + 1) if num_samples % k == 0]
+    return min(sizes, key=lambda k: (abs(k - target), k)) if sizes else num_samples
 
 
 def _run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
@@ -632,7 +630,7 @@ def sample_loss_law(
     ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients are strongly
     correlated (a scale with its exponent, the irreducible loss with both), which a diagonal
     metric can only follow with long trajectories, many at the maximum tree depth
-    (:attr:`Diagnostics.max_tree_depth_share`; ``docs/benchmarks.md`` has the comparison).
+    (:attr:`Diagnostics.max_tree_depth_share`; ``docs/results/chinchilla_reference.md`` has the comparison).
     """
     family = family_of(init) if family is None else family
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))

@@ -381,6 +381,11 @@ class PredictiveScales(NamedTuple):
                               + known.run_slope[:, r] * (log_d[:, j] - self.centre_log_d))
         return flat.reshape(offsets.shape)
 
+    def residual_sigma(self) -> np.ndarray | None:
+        """``alpha_sigma``, or None where no draw has a residual (a fixed plane): predictive acceptance
+        then skips the truncated quantile, which is costly to compile into the N* solver."""
+        return self.alpha_sigma if np.any(np.asarray(self.alpha_sigma) > 0) else None
+
     def alpha_residuals(self, rng: np.random.Generator, candidates: int, *,
                         drafts: tuple[str | None, ...] | None = None,
                         target: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -514,10 +519,8 @@ def predictive_planes(planes: Any, scales: PredictiveScales, *, d_draft: float, 
     dy = scales.log_loss_offsets(np.log(d_target), seed=seed + 1)
     shift, z = (v[:, 0] for v in scales.alpha_residuals(np.random.default_rng(seed + 2), 1))
     planes = jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,)), planes)
-    # A fixed plane has no residual known (sigma all zero): no residual, and no truncated quantile to compile.
-    if not np.any(np.asarray(scales.alpha_sigma) > 0):
-        return ResidualAcceptance(planes, dx, dy, shift)
-    return ResidualAcceptance(planes, dx, dy, shift, z, scales.alpha_sigma)
+    sigma = scales.residual_sigma()
+    return ResidualAcceptance(planes, dx, dy, shift, None if sigma is None else z, sigma)
 
 
 def paired_draws(posterior: Posterior, *, count: int | None = None, seed: int = 0) -> tuple[Any, Any]:
@@ -678,9 +681,9 @@ def _predictive_alpha(laws, planes, scales: PredictiveScales, n, d, m_target, d_
     log_y = np.log(np.asarray(laws.loss(m_target, d_target))) + scales.log_loss_offsets(
         np.log(d_target), size=(1,), seed=seed + 1, runs=None if labels.target_run is None else (labels.target_run,))
     shift, z = scales.alpha_residuals(rng, n.size, drafts=labels.draft_models, target=labels.target_model)
-    sigma = scales.alpha_sigma[:, None] if np.any(np.asarray(scales.alpha_sigma) > 0) else None
+    sigma = scales.residual_sigma()
     return np.asarray(predictive_acceptance(planes, np.exp(np.exp(log_x)), np.exp(np.exp(log_y)), shift=shift, z=z,
-                                            sigma=sigma))
+                                            sigma=None if sigma is None else sigma[:, None]))
 
 
 def acceptance_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: np.ndarray, m_target: float,
