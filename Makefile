@@ -1,5 +1,6 @@
 # make install: create .venv and install the project with its test extra.
 # make test:    install if needed, then run the test suite (slow tests excluded).
+# make test-all: the whole suite, slow tests included, under XLA's default CPU emitters.
 # make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
 # make bench:   install if needed, then run the benchmarks and print the ratios, and the held-out study of the
 #               forms on the ladder (fits/ladder/holdout/ holds the committed run).
@@ -30,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadscope
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q
+	SDSL_TEST_XLA_DEFAULTS=1 $(PY) -m pytest -q
 
 fit: $(STAMP)
 	$(PY) -m experiments.fit --posterior --out out/fit

@@ -5,8 +5,9 @@
 Each notebook runs top to bottom in a fresh kernel (nbclient, the library behind ``jupyter
 execute``) from the repository root, on the committed data and full settings, and is written back
 atomically with its outputs, so a reader of the repository sees every table and figure. A failing
-cell stops that notebook and leaves the committed copy unchanged. The test suite runs the same code
-on small settings without touching the committed files (tests/test_notebooks.py).
+cell stops that notebook and leaves the committed copy unchanged. ``make test`` checks every library
+call the notebooks make against the library; ``make test-all`` also runs their code on small settings
+without touching the committed files (tests/test_notebooks.py).
 """
 
 from __future__ import annotations
