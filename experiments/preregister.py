@@ -1,7 +1,11 @@
-"""Register the factorial ladder's prediction for its held-back models before they exist.
+"""Register the factorial ladder's prediction for its held-back models before they exist; score it once they do.
 
     python -m experiments.measure --preset factorial --exact-only --out out/ladder/factorial/measure
     python -m experiments.preregister --data out/ladder/factorial/measure --out fits/ladder/preregistered
+    # ... commit predictions.json, then train and measure the held-back models:
+    python -m experiments.ladder --preset factorial --held-back fits/ladder/preregistered/predictions.json
+    python -m experiments.measure --preset factorial --exact-only --out out/ladder/factorial/measure
+    python -m experiments.preregister --score --data out/ladder/factorial/measure --out fits/ladder/preregistered
 
 Fits the loss law (run effects) and the acceptance plane (per-model effects) to the factorial
 ladder's pre-training runs and exact acceptance pairs, then, for every target of the ladder and
@@ -10,6 +14,14 @@ the held-back target, ranks every smaller model at the top shared budget as a ca
 alpha per candidate with 90% predictive bands, N* with its band, and the forecasts of the simple
 baselines (:mod:`sdsl_jax.forecast`). Writes ``predictions.json`` and ``predictions.md``; the file is
 committed before any held-back model is trained, and never edited afterwards.
+
+``--score`` reads that file as it stands and the measurements that now include the held-back
+models, and writes ``score.json`` and ``score.md``: for every target, the log score, Brier score
+and regret of the method's P(best) and of each baseline, the regret of the Bayes decision and of
+the point fit's pick, whether each measured T and alpha lies in its 90% band, and where the
+measured best draft lies against the N* band. Targets and pairs that involve a held-back model are
+the test (their measurements did not exist when the prediction was made); the others are scored
+too, as in-sample checks, and reported apart.
 """
 
 from __future__ import annotations
@@ -37,6 +49,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--score", action="store_true",
+                   help="score <out>/predictions.json against --data, which now holds the held-back models")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -199,8 +213,182 @@ def write_markdown(path: str, record: dict) -> None:
     write_text(path, "\n".join(lines))
 
 
+def _inside(value: float, band) -> bool | None:
+    if value is None or band is None or band[0] is None or band[2] is None:
+        return None
+    return bool(band[0] <= value <= band[2])
+
+
+def score(predictions: dict, pairs) -> dict:
+    """Score a registered prediction against acceptance measurements that include its held-back models.
+
+    Args:
+      predictions: the registered ``predictions.json``, as it stands.
+      pairs: :class:`sdsl_jax.data.AcceptanceMeasurements` with models named ``<rung>@<steps>``.
+
+    Returns:
+      ``targets`` (one record per registered target), ``summary`` (totals over the targets that
+      involve a held-back model and over the others) and ``unmeasured`` (registered pairs without a
+      measurement, which are left out of the scores).
+    """
+    from sdsl_jax.forecast import forecast_scores
+
+    measured = measured_throughput(pairs, predictions["data"]["top_budget_tokens"])
+    held = {h["name"] for h in predictions["held_back"]}
+    targets, unmeasured = [], []
+    for t in predictions["targets"]:
+        names = [c["name"] for c in t["candidates"]]
+        new_target = t["target"] in held or any(c in held for c in names)
+        pairs_scored = []
+        for c in t["candidates"]:
+            got = measured.get((c["name"], t["target"]))
+            if got is None:
+                unmeasured.append(f"{c['name']} -> {t['target']}")
+                continue
+            pairs_scored.append(dict(
+                draft=c["name"], new=t["target"] in held or c["held_back"], alpha=got["alpha"],
+                tokens_per_flop=got["throughput"], alpha_in_90=_inside(got["alpha"], c["alpha_90"]),
+                tokens_per_flop_in_90=_inside(got["throughput"], c["tokens_per_flop_90"]),
+                alpha_90=c["alpha_90"], tokens_per_flop_90=c["tokens_per_flop_90"]))
+        record = dict(target=t["target"], m_target=t["m_target"], new=new_target, pairs=pairs_scored)
+        if len(pairs_scored) == len(names):
+            tm = np.array([p["tokens_per_flop"] for p in pairs_scored])
+            best = int(np.argmax(tm))
+            forecasts = {"method": [c["p_best"] for c in t["candidates"]],
+                         **{k: v["p_best"] for k, v in t["baselines"].items()}}
+            record.update(
+                measured_best=names[best], measured_best_n=t["candidates"][best]["n_params"],
+                bayes_decision=t["bayes_decision"]["draft"],
+                bayes_decision_regret=float(1.0 - tm[names.index(t["bayes_decision"]["draft"])] / tm[best]),
+                point_fit_best=t["point_fit_best"],
+                point_fit_regret=(float(1.0 - tm[names.index(t["point_fit_best"])] / tm[best])
+                                  if t["point_fit_best"] in names else None),
+                n_star_90=t["n_star_90"],
+                measured_best_vs_n_star=("inside" if _inside(t["candidates"][best]["n_params"], t["n_star_90"])
+                                         else "below" if t["candidates"][best]["n_params"] < t["n_star_90"][0]
+                                         else "above"),
+                informative=len(names) > 1,
+                scores={k: forecast_scores(p, tm)._asdict() for k, p in forecasts.items()})
+        targets.append(record)
+
+    def forecast_totals(subset):
+        scored = [r for r in subset if "scores" in r]
+        out = dict(targets=[r["target"] for r in scored])
+        if scored:
+            out["forecasts"] = {k: dict(log_score=float(sum(r["scores"][k]["log_score"] for r in scored)),
+                                        brier=float(np.mean([r["scores"][k]["brier"] for r in scored])),
+                                        regret=float(np.mean([r["scores"][k]["regret"] for r in scored])))
+                                for k in scored[0]["scores"]}
+            out["bayes_decision_regret"] = float(np.mean([r["bayes_decision_regret"] for r in scored]))
+            out["measured_best_inside_n_star_90"] = int(sum(r["measured_best_vs_n_star"] == "inside" for r in scored))
+        return out
+
+    def coverage(new: bool):
+        out = {}
+        for kind in ("alpha", "tokens_per_flop"):
+            hits = [p[f"{kind}_in_90"] for r in targets for p in r["pairs"]
+                    if p["new"] == new and p[f"{kind}_in_90"] is not None]
+            out[f"{kind}_coverage_90"] = dict(inside=int(sum(hits)), pairs=len(hits))
+        return out
+
+    summary = dict(held_back_forecasts=forecast_totals([r for r in targets if r["new"]]),
+                   in_sample_forecasts=forecast_totals([r for r in targets if not r["new"]]),
+                   held_back_pairs=coverage(True), in_sample_pairs=coverage(False))
+    return dict(targets=targets, summary=summary, unmeasured=unmeasured)
+
+
+def write_score_markdown(path: str, record: dict) -> None:
+    from sdsl_jax.store import write_text
+
+    def fmt_log(v):
+        return "-inf" if v == -np.inf else f"{v:.3f}"
+
+    s = record["summary"]
+    lines = ["# The preregistered prediction, scored", "",
+             f"Scored by `{record['command']}` at commit `{record['commit']}` on {record['date']}, against "
+             f"`{record['data']['acceptance']}` (sha256 {record['data']['acceptance_sha256'][:12]}), which holds the "
+             f"held-back models. The prediction: `{record['predictions']}` (sha256 {record['predictions_sha256'][:12]}), "
+             f"registered at commit `{record['registered_commit']}`.", ""]
+    for key, title in (("held_back_forecasts", "Targets that involve a held-back model (the test)"),
+                       ("in_sample_forecasts", "The other targets (in-sample: their pairs were fitted)")):
+        part = s[key]
+        lines += [f"## {title}", "", f"Targets: {', '.join(part['targets']) or 'none'}.", ""]
+        if "forecasts" in part:
+            lines += ["| forecast | log score (sum) | Brier (mean) | regret of its most probable draft (mean) |",
+                      "|---|---|---|---|"]
+            lines += [f"| {k} | {fmt_log(v['log_score'])} | {v['brier']:.3f} | {100 * v['regret']:.1f}% |"
+                      for k, v in part["forecasts"].items()]
+            lines += ["", f"Bayes decision's regret (mean): {100 * part['bayes_decision_regret']:.1f}%. Measured best "
+                      f"draft inside the 90% N* band: {part['measured_best_inside_n_star_90']} of "
+                      f"{len(part['targets'])} targets.", ""]
+    for key, title in (("held_back_pairs", "pairs with a held-back model"), ("in_sample_pairs", "in-sample pairs")):
+        part = s[key]
+        lines.append(f"Coverage of the 90% bands, {title}: alpha {part['alpha_coverage_90']['inside']}/"
+                     f"{part['alpha_coverage_90']['pairs']}, T {part['tokens_per_flop_coverage_90']['inside']}/"
+                     f"{part['tokens_per_flop_coverage_90']['pairs']}.")
+    lines.append("")
+    if record["unmeasured"]:
+        lines += [f"Registered pairs without a measurement (left out): {', '.join(record['unmeasured'])}.", ""]
+    lines += ["## Per target", ""]
+    for t in record["targets"]:
+        head = f"### {t['target']} (M = {t['m_target']:,.0f}{', involves a held-back model' if t['new'] else ''})"
+        lines += [head, ""]
+        if "scores" in t:
+            lines += [f"Measured best: **{t['measured_best']}**; Bayes decision {t['bayes_decision']} (regret "
+                      f"{100 * t['bayes_decision_regret']:.1f}%); point fit's pick {t['point_fit_best']}; measured best "
+                      f"N = {t['measured_best_n']:,.0f} is {t['measured_best_vs_n_star']} the N* band "
+                      f"[{t['n_star_90'][0]:,.0f}, {t['n_star_90'][2]:,.0f}]"
+                      + ("" if t["informative"] else " (one candidate: nothing to forecast)") + ".", "",
+                      "Log scores: " + ", ".join(f"{k} {fmt_log(v['log_score'])}" for k, v in t["scores"].items()) + ".",
+                      ""]
+        lines += ["| draft | alpha measured | alpha 90% band | T per GFLOP measured | T 90% band |", "|---|---|---|---|---|"]
+        for p in t["pairs"]:
+            a, tq = p["alpha_90"], p["tokens_per_flop_90"]
+            lines.append(f"| {p['draft']}{' (new)' if p['new'] else ''} | {p['alpha']:.3f}"
+                         f"{'' if p['alpha_in_90'] else ' (outside)'} | [{a[0]:.3f}, {a[2]:.3f}] | "
+                         f"{p['tokens_per_flop'] * 1e9:.4g}{'' if p['tokens_per_flop_in_90'] else ' (outside)'} | "
+                         f"[{tq[0] * 1e9:.4g}, {tq[2] * 1e9:.4g}] |")
+        lines.append("")
+    write_text(path, "\n".join(lines))
+
+
+def _score(args, argv, log: Log) -> int:
+    import json
+
+    from sdsl_jax import load_acceptance
+
+    path = os.path.join(args.out, "predictions.json")
+    if not os.path.isfile(path):
+        raise UsageError(f"--score reads {path}, which does not exist: register the prediction first")
+    with open(path) as f:
+        predictions = json.load(f)
+    pairs = load_acceptance(os.path.join(args.data, "acceptance.csv"))
+    rungs = {lab.split("@")[0] for lab in list(pairs.draft) + list(pairs.target)}
+    missing = [h["name"] for h in predictions["held_back"] if h["name"] not in rungs]
+    if missing:
+        raise UsageError(f"--data {args.data} has no acceptance pairs of held-back model(s) {missing}: train them "
+                         "(experiments.ladder --held-back) and measure them first")
+    result = score(predictions, pairs)
+    record = dict(command="python -m experiments.preregister " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  versions=versions(), predictions=path, predictions_sha256=sha256(path),
+                  registered_commit=predictions["commit"],
+                  data=dict(acceptance=os.path.join(args.data, "acceptance.csv"),
+                            acceptance_sha256=sha256(os.path.join(args.data, "acceptance.csv"))), **result)
+    write_json(os.path.join(args.out, "score.json"), record)
+    write_score_markdown(os.path.join(args.out, "score.md"), record)
+    part = result["summary"]["held_back_forecasts"]
+    if "forecasts" in part:
+        log("held-back targets " + ", ".join(part["targets"]) + ": log score "
+            + ", ".join(f"{k} {v['log_score']:.3f}" for k, v in part["forecasts"].items()))
+    log(f"wrote {args.out}/score.json and score.md")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.score:
+        return run_command(lambda: _score(args, argv, Log(args.quiet)), kept="nothing is written until the end")
     return run_command(lambda: _preregister(args, argv), kept="nothing is written until the end")
 
 

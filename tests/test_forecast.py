@@ -67,3 +67,81 @@ def test_preregistration_refuses_data_that_hold_a_held_back_model(tmp_path, caps
     code = preregister.main(["--data", str(tmp_path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "held-back model(s) ['H2']" in err and not (tmp_path / "out").exists()
+
+
+def _registered():
+    import json
+    import os
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
+    with open(os.path.join(root, "preregistered", "predictions.json")) as f:
+        return json.load(f), os.path.join(root, "factorial", "acceptance.csv")
+
+
+def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
+    """Score the committed prediction against the factorial data plus invented held-back pairs: one at
+    each band's median alpha (inside), one far above (outside). Every score is recomputed here by hand."""
+    import csv
+
+    from experiments import preregister
+    from sdsl_jax import SDSL_FLOPS, best_lookahead, load_acceptance
+
+    predictions, data = _registered()
+    with open(data, newline="") as f:
+        rows = list(csv.DictReader(f))
+    top = predictions["data"]["top_budget_tokens"]
+    steps = {name: round(tokens / (2048 if tokens == 10000384.0 else 4096)) for name, tokens in top.items()}
+    added = {}
+    for t in predictions["targets"]:
+        for c in t["candidates"]:
+            if not (t["held_back_target"] or c["held_back"]):
+                continue
+            alpha = 0.999 if (c["name"], t["target"]) == ("L1", "H8") else c["alpha_90"][1]
+            added[c["name"], t["target"]] = alpha
+            rows.append(dict(rows[0], draft=f"{c['name']}@{steps[c['name']]}", target=f"{t['target']}@{steps[t['target']]}",
+                             n_draft=c["n_params"], n_target=t["m_target"], d_draft=c["d_tokens"], d_target=t["d_target"],
+                             alpha=alpha))
+    path = tmp_path / "acceptance.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    result = preregister.score(predictions, load_acceptance(str(path)))
+    assert result["unmeasured"] == []
+    by_target = {r["target"]: r for r in result["targets"]}
+    h8 = by_target["H8"]
+    pred = next(t for t in predictions["targets"] if t["target"] == "H8")
+    t_measured = [float(best_lookahead(SDSL_FLOPS, added[c["name"], "H8"], c["n_params"], pred["m_target"]).throughput)
+                  for c in pred["candidates"]]
+    best = int(np.argmax(t_measured))
+    assert h8["measured_best"] == pred["candidates"][best]["name"] == "L1"  # alpha 0.999 on the smallest draft
+    assert h8["scores"]["method"]["log_score"] == pytest.approx(np.log(pred["candidates"][best]["p_best"]))
+    assert h8["scores"]["uniform"]["log_score"] == pytest.approx(-np.log(len(t_measured)))
+    chosen = [c["name"] for c in pred["candidates"]].index(pred["bayes_decision"]["draft"])
+    assert h8["bayes_decision_regret"] == pytest.approx(1 - t_measured[chosen] / t_measured[best])
+    pair = {p["draft"]: p for p in h8["pairs"]}
+    assert pair["L1"]["alpha_in_90"] is False and pair["H2"]["alpha_in_90"] is True and pair["H2"]["new"]
+    # Only targets with a held-back model are the test; L2 (one candidate, L1) is in-sample.
+    summary = result["summary"]
+    assert "H8" in summary["held_back_forecasts"]["targets"] and "L2" in summary["in_sample_forecasts"]["targets"]
+    new_alpha = summary["held_back_pairs"]["alpha_coverage_90"]
+    assert new_alpha["pairs"] == len(added) and new_alpha["inside"] == len(added) - 1
+    preregister.write_score_markdown(str(tmp_path / "score.md"), dict(
+        command="test", commit="c", date="d", data=dict(acceptance=str(path), acceptance_sha256="0" * 64),
+        predictions="p", predictions_sha256="0" * 64, registered_commit=predictions["commit"], **result))
+    assert "(outside)" in (tmp_path / "score.md").read_text()
+
+
+def test_scoring_refuses_data_without_the_held_back_models(tmp_path, capsys):
+    import shutil
+
+    from experiments import preregister
+
+    predictions, data = _registered()
+    out = tmp_path / "prereg"
+    out.mkdir()
+    (out / "predictions.json").write_text(__import__("json").dumps(predictions))
+    shutil.copy(data, tmp_path / "acceptance.csv")
+    code = preregister.main(["--score", "--data", str(tmp_path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "held-back model(s) ['H2', 'H8']" in err and not (out / "score.json").exists()
