@@ -87,8 +87,9 @@ def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
     from sdsl_jax import SDSL_FLOPS, best_lookahead, load_acceptance
 
     predictions, data = _registered()
-    with open(data, newline="") as f:
-        rows = list(csv.DictReader(f))
+    held = {h["name"] for h in predictions["held_back"]}
+    with open(data, newline="") as f:  # the measured held-back pairs, once committed, are replaced by invented ones
+        rows = [r for r in csv.DictReader(f) if not {r["draft"].split("@")[0], r["target"].split("@")[0]} & held]
     top = predictions["data"]["top_budget_tokens"]
     steps = {name: round(tokens / (2048 if tokens == 10000384.0 else 4096)) for name, tokens in top.items()}
     added = {}
@@ -133,15 +134,16 @@ def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
 
 
 def test_scoring_refuses_data_without_the_held_back_models(tmp_path, capsys):
-    import shutil
-
     from experiments import preregister
 
     predictions, data = _registered()
     out = tmp_path / "prereg"
     out.mkdir()
     (out / "predictions.json").write_text(__import__("json").dumps(predictions))
-    shutil.copy(data, tmp_path / "acceptance.csv")
+    held = tuple(f"{h['name']}@" for h in predictions["held_back"])
+    with open(data) as f:  # the factorial data as registered: no row of a held-back model
+        lines = [line for line in f if not any(f",{h}" in line or line.startswith(h) for h in held)]
+    (tmp_path / "acceptance.csv").write_text("".join(lines))
     code = preregister.main(["--score", "--data", str(tmp_path), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "held-back model(s) ['H2', 'H8']" in err and not (out / "score.json").exists()
