@@ -89,6 +89,7 @@ from sdsl_jax.optimum import (
     solve_draft_size,
     status_message,
 )
+from sdsl_jax.protocols import AcceptanceRateModel, DraftRecipe, IterationCostModel, LossLawModel
 from sdsl_jax.recipes import FixedCompute, FixedTokens, TokensPerParameter
 from sdsl_jax.speculative import (
     acceptance_from_mean_length,
@@ -134,6 +135,10 @@ __all__ = [
     "EPOCH_GRID",
     "FAMILIES",
     "FixedCompute",
+    "LossLawModel",
+    "AcceptanceRateModel",
+    "IterationCostModel",
+    "DraftRecipe",
     "FixedTokens",
     "HOFFMANN2022",
     "IdentifiabilityError",

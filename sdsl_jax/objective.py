@@ -14,14 +14,13 @@ paper's ``log(alpha) / (2 N (1 - alpha) W_{-1}(-alpha^(M/N - 1) / e))``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import SDSL2026
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.loss_laws import HOFFMANN2022, perplexity
+from sdsl_jax.protocols import AcceptanceRateModel, DraftRecipe, IterationCostModel, LossLawModel
 from sdsl_jax.recipes import as_recipe
 
 __all__ = ["draft_acceptance", "draft_throughput"]
@@ -33,9 +32,9 @@ def draft_acceptance(
     *,
     d_target: ArrayLike,
     d_draft: ArrayLike | None = None,
-    recipe: Any = None,
-    loss: Any = HOFFMANN2022,
-    plane: Any = SDSL2026,
+    recipe: DraftRecipe | None = None,
+    loss: LossLawModel = HOFFMANN2022,
+    plane: AcceptanceRateModel = SDSL2026,
 ) -> jax.Array:
     """Acceptance ``alpha(exp L(N, D), exp L(M, D'))`` predicted by the loss law and the acceptance model.
 
@@ -58,10 +57,10 @@ def draft_throughput(
     *,
     d_target: ArrayLike,
     d_draft: ArrayLike | None = None,
-    recipe: Any = None,
-    loss: Any = HOFFMANN2022,
-    plane: Any = SDSL2026,
-    cost: Any = SDSL_FLOPS,
+    recipe: DraftRecipe | None = None,
+    loss: LossLawModel = HOFFMANN2022,
+    plane: AcceptanceRateModel = SDSL2026,
+    cost: IterationCostModel = SDSL_FLOPS,
 ) -> jax.Array:
     """Composite objective ``T(N, M, D, D')``: throughput at the best lookahead under ``cost``.
 

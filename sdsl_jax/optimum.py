@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from sdsl_jax.acceptance import SDSL2026
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead, target_alone_cost
 from sdsl_jax.loss_laws import HOFFMANN2022
 from sdsl_jax.objective import draft_acceptance, draft_throughput
+from sdsl_jax.protocols import AcceptanceRateModel, DraftRecipe, IterationCostModel, LossLawModel
 from sdsl_jax.recipes import as_recipe
 
 __all__ = [
@@ -124,10 +125,10 @@ mu 2.67-2.75e-3, m0 8.50-8.93e7)."""
 class _Problem(NamedTuple):
     m: jax.Array
     d_target: jax.Array
-    loss: Any
-    plane: Any
-    cost: Any
-    recipe: Any
+    loss: LossLawModel
+    plane: AcceptanceRateModel
+    cost: IterationCostModel
+    recipe: DraftRecipe
 
 
 def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
@@ -218,10 +219,10 @@ def solve_draft_size(
     *,
     d_target: ArrayLike,
     d_draft: ArrayLike | None = None,
-    recipe: Any = None,
-    loss: Any = HOFFMANN2022,
-    plane: Any = SDSL2026,
-    cost: Any = SDSL_FLOPS,
+    recipe: DraftRecipe | None = None,
+    loss: LossLawModel = HOFFMANN2022,
+    plane: AcceptanceRateModel = SDSL2026,
+    cost: IterationCostModel = SDSL_FLOPS,
     n_min: float = 1.0,
     num_grid: int = 32,
     max_steps: int = 60,
@@ -325,10 +326,10 @@ def optimal_draft_size(
     *,
     d_target: ArrayLike,
     d_draft: ArrayLike | None = None,
-    recipe: Any = None,
-    loss: Any = HOFFMANN2022,
-    plane: Any = SDSL2026,
-    cost: Any = SDSL_FLOPS,
+    recipe: DraftRecipe | None = None,
+    loss: LossLawModel = HOFFMANN2022,
+    plane: AcceptanceRateModel = SDSL2026,
+    cost: IterationCostModel = SDSL_FLOPS,
     **solver_options,
 ) -> jax.Array:
     """N*: the draft size maximising throughput for each target size M.

@@ -167,3 +167,19 @@ def test_numerical_lookahead_gradient_matches_finite_differences():
     assert float(sd.best_lookahead(cost, 0.001, 1e8, 3e10).gamma) == 0.0
     assert float(sd.best_lookahead(cost, 0.01, 1e8, 3e10).gamma) > 0.0
     assert np.isnan(sd.best_lookahead(cost, 1.2, 1e8, 3e10).gamma)
+
+
+def test_every_shipped_link_and_the_new_ones_here_meet_the_chain_protocols():
+    import sdsl_jax as sd
+
+    laws = [sd.HOFFMANN2022, sd.BESIROGLU2024, SharedExponentLaw(1.7, 400.0, 400.0, 0.3)]
+    for law in laws:
+        assert isinstance(law, sd.LossLawModel)
+    for plane in (sd.SDSL2026, sd.LogPerplexityPlane(-0.3, 0.2, 0.8), sd.LogitPlane(-1.0, 1.0, 1.0)):
+        assert isinstance(plane, sd.AcceptanceRateModel)
+    for cost in (*sd.COST_MODELS.values(), QuadraticVerification(), SDSLFlopsNumerically()):
+        assert isinstance(cost, sd.IterationCostModel)
+    for recipe in (sd.FixedTokens(1e12), sd.TokensPerParameter(20.0), sd.FixedCompute(1e21)):
+        assert isinstance(recipe, sd.DraftRecipe)
+    # A value without the method is not mistaken for a link.
+    assert not isinstance(sd.SDSL2026, sd.LossLawModel) and not isinstance(sd.HOFFMANN2022, sd.IterationCostModel)
