@@ -8,10 +8,10 @@ import os
 
 # Multi-device paths (sharding) are exercised on the CPU; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-# The suite's time is XLA compilation of programs that then run for milliseconds. XLA's older CPU
-# emitters compile them in about two thirds of the time (the default fusion emitters make faster
-# code: the N* solver over 1e4 targets runs 1.8x faster, which a user's large batch wants). `make
-# test-all` keeps XLA's defaults (SDSL_TEST_XLA_DEFAULTS=1), so both code paths are tested.
+# The suite's time is XLA compiling programs that then run for milliseconds; XLA's older CPU
+# emitters compile faster, its default fusion emitters make faster code (what a user's large batch
+# wants, so the library keeps them). Measured in docs/benchmarks.md. `make test-all` keeps XLA's
+# defaults (SDSL_TEST_XLA_DEFAULTS=1), so both code paths are tested.
 if os.environ.get("SDSL_TEST_XLA_DEFAULTS") != "1" and "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
 # The CLIs' persistent compilation cache stays out of the user's home while testing (a test turns
