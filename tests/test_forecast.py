@@ -147,3 +147,29 @@ def test_scoring_refuses_data_without_the_held_back_models(tmp_path, capsys):
     code = preregister.main(["--score", "--data", str(tmp_path), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "held-back model(s) ['H2', 'H8']" in err and not (out / "score.json").exists()
+
+
+def test_the_elasticity_study_groups_the_shared_budgets_and_finds_each_best_draft_by_brute_force():
+    import os
+
+    from experiments.elasticity import measured_best_by_budget, shared_budgets
+    from sdsl_jax import load_acceptance, load_pretraining
+
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder", "factorial")
+    runs = load_pretraining(os.path.join(root, "pretraining.csv"))
+    budgets = shared_budgets(runs.n_tokens)
+    # Five budgets, each shared by every size up to one step (2,048 or 4,096 tokens).
+    assert budgets.size == 5 and np.allclose(budgets / budgets[0], [1, 2, 4, 8, 16], rtol=0.01)
+    pairs = load_acceptance(os.path.join(root, "acceptance.csv"))
+    best = measured_best_by_budget(pairs, budgets)
+    gamma = np.linspace(0.01, 60, 60001)  # T(gamma) = E[tokens] / (2 N gamma + 2 M), brute force over gamma
+    for (target, k), got in best.items():
+        rows = [i for i in range(len(pairs.alpha)) if pairs.target[i].split("@")[0] == target
+                and np.argmin(np.abs(np.log(budgets) - np.log(pairs.d_draft[i]))) == k
+                and np.argmin(np.abs(np.log(budgets) - np.log(pairs.d_target[i]))) == budgets.size - 1]
+        a = np.array([pairs.alpha[i] for i in rows])[:, None]
+        n = np.array([pairs.n_draft[i] for i in rows])[:, None]
+        t = ((1 - a ** (gamma + 1)) / (1 - a) / (2 * n * gamma + 2 * pairs.n_target[rows[0]])).max(axis=1)
+        assert got["candidates"] == len(rows)
+        assert got["draft"] == pairs.draft[rows[int(np.argmax(t))]].split("@")[0]
+        assert got["tokens_per_flop"] == pytest.approx(t.max(), rel=1e-6)
