@@ -145,7 +145,18 @@ def study(args, log: Log) -> dict:
         method=dict(law=point.family.name, acceptance_model=point.acceptance_model.name, chains=args.chains,
                     warmup=args.warmup, draws=args.draws, step=STEP),
         diagnostics={k: v._asdict() for k, v in posterior.diagnostics.items()},
+        identification=_identification(posterior.identification),
         records=records, measured_best_changes=changes)
+
+
+def _identification(ident) -> dict | None:
+    """The loss law's parameters against their prior: posterior sd / prior sd (from the variance
+    contraction), the flags the fit prints."""
+    if ident is None:
+        return None
+    ratio = np.sqrt(np.clip(1.0 - np.asarray(ident.contraction, np.float64), 0.0, None))
+    return dict(posterior_sd_over_prior_sd={n: float(r) for n, r in zip(ident.names, ratio)},
+                flags=list(ident.flags))
 
 
 def write_markdown(path: str, record: dict) -> None:
@@ -157,6 +168,9 @@ def write_markdown(path: str, record: dict) -> None:
              f"{record['method']['acceptance_model']}; posterior diagnostics: " + "; ".join(
                  f"{k} {'OK' if v['ok'] else 'FAILED (' + ', '.join(v['problems']) + ')'}"
                  for k, v in record["diagnostics"].items()) + ".", "",
+             "Loss-law parameters, posterior sd / prior sd (under 0.5: the data pin the parameter down): "
+             + ", ".join(f"{k} {v:.2f}" for k, v in (record["identification"] or {}).get(
+                 "posterior_sd_over_prior_sd", {}).items()) + ".", "",
              "Per target: the measured best draft at each shared draft budget D (the target at its top budget), "
              "and the predicted N* median [90%]. Elasticities are posterior medians [90%] of the mean curve's "
              "d log N* / d log D and d log N* / d log M.", "",
