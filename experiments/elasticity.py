@@ -19,13 +19,12 @@ Writes ``elasticity.json`` and ``elasticity.md`` in ``--out``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
 import numpy as np
 
-from experiments.runlog import Log, UsageError, check_arguments, run_command, sha256, versions, write_json
+from experiments.runlog import Log, UsageError, check_arguments, run_command, run_header, sha256, write_json
 
 __all__ = ["main", "measured_best_by_budget", "shared_budgets"]
 
@@ -202,9 +201,7 @@ def _elasticity(args, argv) -> int:
     log = Log(args.quiet)
     with log.heartbeat(8):
         result = study(args, log)
-    record = dict(command="python -m experiments.elasticity " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), seed=args.seed,
-                  versions=versions(), **result)
+    record = dict(**run_header("experiments.elasticity", argv), seed=args.seed, **result)
     out = make_output_folder(args.out)
     write_json(os.path.join(out, "elasticity.json"), record)
     write_markdown(os.path.join(out, "elasticity.md"), record)

@@ -27,14 +27,13 @@ too, as in-sample checks, and reported apart.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import subprocess
 import sys
 
 import numpy as np
 
-from experiments.runlog import Log, UsageError, check_arguments, run_command, sha256, versions, write_json
+from experiments.runlog import Log, UsageError, check_arguments, run_command, run_header, sha256, write_json
 
 __all__ = ["main"]
 
@@ -369,9 +368,7 @@ def _score(args, argv, log: Log) -> int:
         raise UsageError(f"--data {args.data} has no acceptance pairs of held-back model(s) {missing}: train them "
                          "(experiments.ladder --held-back) and measure them first")
     result = score(predictions, pairs)
-    record = dict(command="python -m experiments.preregister " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  versions=versions(), predictions=path, predictions_sha256=sha256(path),
+    record = dict(**run_header("experiments.preregister", argv), commit=_commit(), predictions=path, predictions_sha256=sha256(path),
                   registered_commit=predictions["commit"],
                   data=dict(acceptance=os.path.join(args.data, "acceptance.csv"),
                             acceptance_sha256=sha256(os.path.join(args.data, "acceptance.csv"))), **result)
@@ -400,9 +397,7 @@ def _preregister(args, argv) -> int:
     log = Log(args.quiet)
     with log.heartbeat(8):
         record = predict(args, log)
-    record = dict(command="python -m experiments.preregister " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  seed=args.seed, versions=versions(), **record)
+    record = dict(**run_header("experiments.preregister", argv), commit=_commit(), seed=args.seed, **record)
     out = make_output_folder(args.out)
     write_json(os.path.join(out, "predictions.json"), record)
     write_markdown(os.path.join(out, "predictions.md"), record)

@@ -99,6 +99,15 @@ def sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def run_header(prog: str, argv: list[str] | None) -> dict:
+    """What every result file records of the run that made it: the command line, the UTC date and
+    the package versions (``argv`` None: the process's own arguments)."""
+    import datetime
+
+    return dict(command=f"python -m {prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions())
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("sdsl-jax", "jax", "jaxlib", "numpy", "optax", "flax", "orbax-checkpoint", "numpyro", "arviz"):
