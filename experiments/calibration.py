@@ -27,8 +27,9 @@ import jax
 import numpy as np
 
 from sdsl_jax import SDSL2026, LossLaw
-from sdsl_jax.bayes import interval_coverage, laws_from_posterior, sample_loss_law, sample_plane
-from sdsl_jax.fitting import loss_law_log_prediction, theta_from_law
+from sdsl_jax.infer import laws_from_posterior, sample_loss_law, sample_plane
+from sdsl_jax.predict import interval_coverage
+from sdsl_jax.infer.point import loss_law_log_prediction, theta_from_law
 from sdsl_jax.store import atomic_write
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
@@ -97,7 +98,7 @@ def synthetic_ladder(rng: np.random.Generator, *, sizes=(2e7, 5e7, 1.2e8, 3e8, 7
 def _release_compiled_code() -> None:
     """Drop every compiled program so that its machine code is freed.
 
-    Before ``sdsl_jax.bayes`` reused NumPyro's compiled sampling loop across datasets, every run
+    Before ``sdsl_jax.infer`` reused NumPyro's compiled sampling loop across datasets, every run
     compiled it again (a few MB of machine code per dataset) and after ~90 datasets LLVM ran out
     of code memory ("Unable to allocate section memory"). The loop is now compiled once; the
     caches are still cleared every 20 datasets (one recompilation) so that a long study's memory
@@ -105,9 +106,9 @@ def _release_compiled_code() -> None:
     """
     import gc
 
-    from sdsl_jax import bayes
+    from sdsl_jax import infer
 
-    bayes.clear_sampler_caches()
+    infer.clear_sampler_caches()
     gc.collect()
 
 
@@ -117,7 +118,7 @@ def n_star_coverage(num_datasets: int, *, m_target: float = 3e10, d_target: floa
     """Coverage of 90% N* bands on synthetic ladders with run effects (fixed, known plane).
 
     For each dataset: the hierarchical posterior of the law; the mean-curve band of N* (law
-    draws only) against the true law's N*; the predictive band (:func:`sdsl_jax.pipeline.predictive_planes`)
+    draws only) against the true law's N*; the predictive band (:func:`sdsl_jax.predict.draws.predictive_planes`)
     against the N* of one new draft series and new target drawn from the true process (a new
     run's intercept and slope at their budgets, and the Student-t residual).
 
@@ -126,8 +127,8 @@ def n_star_coverage(num_datasets: int, *, m_target: float = 3e10, d_target: floa
       ``{claim: [(lo, hi, truth) per dataset]}`` (:func:`coverage_figure`'s input).
     """
     from sdsl_jax import ResidualAcceptance, solve_draft_size
-    from sdsl_jax.bayes import solve_draws
-    from sdsl_jax.pipeline import PredictiveScales, predictive_planes
+    from sdsl_jax.predict import solve_draws
+    from sdsl_jax.predict import PredictiveScales, predictive_planes
 
     rng = np.random.default_rng(seed)
     truth_mean = float(solve_draft_size(m_target, d_draft=d_draft, d_target=d_target, loss=TRUE_LAW,

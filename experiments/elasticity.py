@@ -86,7 +86,7 @@ def _quantiles(x) -> list[float]:
 
 
 def study(args, log: Log) -> dict:
-    from sdsl_jax import bayes, load_acceptance, load_pretraining, pipeline
+    from sdsl_jax import load_acceptance, load_pretraining, pipeline, predict
 
     runs = load_pretraining(os.path.join(args.data, "pretraining.csv"))
     pairs = load_acceptance(os.path.join(args.data, "acceptance.csv"))
@@ -102,19 +102,19 @@ def study(args, log: Log) -> dict:
     point = pipeline.fit_point(runs, pairs, log=log)
     posterior = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
                                           num_samples=args.draws, seed=args.seed, log=log)
-    laws, planes = pipeline.paired_draws(posterior)
-    scales = pipeline.predictive_scales(posterior)
+    laws, planes = predict.paired_draws(posterior)
+    scales = predict.predictive_scales(posterior)
     m = np.array([m_of[t] for t in targets])
     records = []
     for k, d in enumerate(budgets):
         # One solve per budget over every target (the targets' budgets differ by one step at most: their median).
         d_target = float(np.median([d_top[t] for t in targets]))
-        bands = bayes.propagate_draft_size(m, laws, pipeline.predictive_planes(planes, scales, d_draft=d,
+        bands = predict.propagate_draft_size(m, laws, predict.predictive_planes(planes, scales, d_draft=d,
                                                                                d_target=d_target, seed=args.seed),
                                            d_draft=float(d), d_target=d_target, quantiles=(0.05, 0.5, 0.95))
-        n_lo, n_hi = (bayes.solve_draws(m, laws, planes, d_draft=float(d * np.exp(s)), d_target=d_target)[0]
+        n_lo, n_hi = (predict.solve_draws(m, laws, planes, d_draft=float(d * np.exp(s)), d_target=d_target)[0]
                       for s in (-STEP, STEP))
-        m_lo, m_hi = (bayes.solve_draws(m * np.exp(s), laws, planes, d_draft=float(d), d_target=d_target)[0]
+        m_lo, m_hi = (predict.solve_draws(m * np.exp(s), laws, planes, d_draft=float(d), d_target=d_target)[0]
                       for s in (-STEP, STEP))
         with np.errstate(all="ignore"):
             e_d = (np.log(n_hi) - np.log(n_lo)) / (2 * STEP)

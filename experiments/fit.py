@@ -22,30 +22,24 @@ Exit status: 0 on success, 2 for unusable input (the message names file, line an
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
 import sys
 import time
-import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from experiments.datasets import DATASETS
 from experiments.runlog import (COMPILE_CACHE_ENV, Log, UsageError, check_arguments, configure_jax,
-                               default_compile_cache, make_output_folder, run_command, versions, write_json)
-from sdsl_jax import (ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, SDSL2026_LINEAR_LAW, FixedCompute, FixedTokens,
-                      TokensPerParameter, check_acceptance_data, check_loss_law_data, status_message,
-                      target_alone_cost)
-from sdsl_jax.assumptions import (AnalysisSettings, Setting, SettingsError, extrapolation, format_assumptions,
-                                  perplexity_scale, settings_from_data, unlabelled_repeats)
+                               default_compile_cache, make_output_folder, run_command, run_header, write_json)
+from sdsl_jax import ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, check_acceptance_data, check_loss_law_data, status_message
+from sdsl_jax.assumptions import (AnalysisSettings, Setting, SettingsError, format_assumptions, settings_from_data,
+                                  unlabelled_repeats)
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining
-from sdsl_jax.store import content_digest
-
-PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
-RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-per-param=RHO (D = RHO N), " \
-          "compute=C (D = C / (6 N))"
+from sdsl_jax.latency import fit_latency_file
+from sdsl_jax.recipes import RECIPES, parse_recipe
+from sdsl_jax.store import StageStore, content_digest
 
 
 OUTPUTS = ("summary.json", "loss_law_posterior.nc", "plane_posterior.nc", "loss_law_fit.png", "n_star_bands.png",
@@ -135,36 +129,6 @@ def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, 
               (dataset.one_run_per_row and not args.pretraining) else "as labelled"))
 
 
-def fit_latency(path: str, batch: int):
-    """The latency model of ``path`` (DataError for a bad file; the form by held-out error)."""
-    from sdsl_jax.data import load_latency
-    from sdsl_jax.latency import fit_latency_table
-
-    table = load_latency(path)
-    try:
-        fit = fit_latency_table(table, batch=batch)
-    except ValueError as err:
-        raise DataError(path, None, None, f"cannot fit a latency model: {err}") from None
-    calls = table.of_kind("call")
-    return fit, calls.select(calls.batch == batch)
-
-
-def parse_recipe(spec: str, d_draft: float):
-    """``fixed`` | ``tokens-per-param=RHO`` | ``compute=C`` -> a recipe (ValueError with the reason)."""
-    name, _, value = spec.partition("=")
-    if name == "fixed" and not value:
-        return FixedTokens(d_draft)
-    if name in ("tokens-per-param", "compute") and value:
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"--recipe {spec}: {value!r} is not a number") from None
-        if not (np.isfinite(number) and number > 0):
-            raise ValueError(f"--recipe {spec}: the value must be a positive finite number")
-        return TokensPerParameter(number) if name == "tokens-per-param" else FixedCompute(number)
-    raise ValueError(f"--recipe {spec!r} is not one of: {RECIPES}")
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.fit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -200,7 +164,7 @@ def parse_args(argv):
     p.add_argument("--stack", nargs="?", const="all", default=None, metavar="FORMS",
                    help="with --posterior: also fit the other loss-law forms (all that the data identify, or the "
                         "comma-separated FORMS), weight the forms by Bayesian stacking of their PSIS-LOO predictive "
-                        "densities (az.compare) and report the bands of the stacked mixture (the point-fit columns "
+                        "densities (az.loo, compare.stack) and report the bands of the stacked mixture (the point-fit columns "
                         "stay those of --law)")
     p.add_argument("--mean-only", action="store_true",
                    help="bands of the law's mean curve only; default: posterior-predictive bands, which add the "
@@ -242,13 +206,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def interval(draws, level=0.9):
-    with warnings.catch_warnings():  # every draw failed (e.g. no speed-up): NaN, reported as null
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo, med, hi = np.nanquantile(np.asarray(draws), [(1 - level) / 2, 0.5, (1 + level) / 2])
-    return dict(median=float(med), lo90=float(lo), hi90=float(hi))
-
-
 class Inputs(NamedTuple):
     """Everything a run reads and decides before it writes anything (``prepare``)."""
 
@@ -270,6 +227,8 @@ class Inputs(NamedTuple):
 
 def run(args) -> int:
     """The command: prepare (read and check everything), fit and predict, write, print."""
+    from sdsl_jax import report  # after configure_jax: the pipeline it reads is float64
+
     log = Log(args.quiet)
     inputs = prepare(args)
     make_output_folder(args.out)
@@ -279,8 +238,14 @@ def run(args) -> int:
                                      user_data=inputs.user_data, drop=inputs.drop)
     announce(args, inputs, assumptions, log)
     result, stacking, starts = fit_and_predict(args, inputs, log)
-    summary = summary_record(args, inputs, result, assumptions=assumptions, starts=starts)
-    strict_failure = add_posterior_record(summary, args, inputs, result, log) if result.posterior is not None else False
+    summary = report.summary_record(result, header=dict(run_header("experiments.fit", args.argv), seed=args.seed),
+                                    data=data_record(inputs), assumptions=assumptions,
+                                    settings=settings_record(args, inputs, len(starts)), cost=inputs.cost,
+                                    latency=latency_record(args, inputs))
+    strict_failure = False
+    if result.posterior is not None:
+        report.add_posterior_record(summary, result, cost=inputs.cost)
+        strict_failure = not log_diagnostics(result.posterior, log)
     if stacking is not None:
         summary["stacking"] = stacking
     if result.sensitivity is not None:
@@ -288,12 +253,63 @@ def run(args) -> int:
             meaning="elasticity d log N* / d log |theta| at the point fit, by implicit derivatives",
             m_target=np.asarray(result.prediction.targets).tolist(),
             **{k: v.tolist() for k, v in result.sensitivity.items()})
-    add_data_checks(summary, result.point.law, runs=inputs.runs, acceptance=inputs.acceptance, log=log)
+    for warning in report.add_data_checks(summary, result.point.law, runs=inputs.runs, acceptance=inputs.acceptance):
+        log.warning(warning)
     write_json(os.path.join(args.out, "summary.json"), summary, strict=True)
     write_figures_and_clean(args, inputs, result, assumptions, log)
-    print_table(summary, args)
+    print(report.format_table(summary))  # with --quiet too: it is the answer, not progress
     log(f"wrote {os.path.join(args.out, 'summary.json')}")
     return 3 if (args.strict and strict_failure) else 0
+
+
+def data_record(inputs: Inputs) -> dict:
+    """The files read, with the digests of the bytes parsed."""
+    runs, acceptance = inputs.runs, inputs.acceptance
+    return dict(pretraining=dict(path=inputs.pre_path, sha256=runs.sha256, runs_used=len(runs),
+                                 dropped_highest_loss=inputs.drop),
+                acceptance=dict(path=inputs.acc_path, sha256=acceptance.sha256, pairs=len(acceptance))
+                if acceptance else None)
+
+
+def settings_record(args, inputs: Inputs, starts: int) -> dict:
+    """The run's choices; the NUTS settings only for a run that sampled."""
+    return dict(dataset="your data" if inputs.user_data else inputs.dataset.name, law=inputs.family.name,
+                acceptance_model=inputs.acceptance_model.name, cost=args.cost, recipe=args.recipe,
+                d_draft=args.d_draft, d_target=args.d_target,
+                m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=starts,
+                **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
+                        bands="mean curve only" if args.mean_only else "posterior-predictive")
+                   if args.posterior else {}))
+
+
+def latency_record(args, inputs: Inputs) -> dict | None:
+    """The latency model behind --cost latency (None for a FLOP cost)."""
+    fit, rows = inputs.latency_fit, inputs.latency_rows
+    if fit is None:
+        return None
+    return dict(path=args.latency, sha256=rows.sha256, batch=args.latency_batch, form=fit.form, coef=fit.coef,
+                relative_rmse=fit.relative_rmse, loop_overheads=fit.overheads,
+                meaning="t(N, k) = t0 + t1 k + c1 N + c2 N k seconds per call; T* in tokens per second")
+
+
+def log_diagnostics(post, log) -> bool:
+    """One line per posterior run: OK with its numbers, or a banner with what failed and what to do.
+    Returns whether every run passed."""
+    from sdsl_jax.report import diagnostics_advice
+
+    ok = True
+    for name, diag in post.diagnostics.items():
+        geometry = (f"; {diag.mean_steps:.0f} leapfrog steps per draw, {diag.max_tree_depth_share:.0%} of draws "
+                    "at the maximum tree depth" if np.isfinite(diag.mean_steps) else "")
+        if diag.ok:
+            log(f"diagnostics ({name}): OK (max R-hat {diag.max_rhat:.3f}, min bulk ESS "
+                f"{diag.min_ess_bulk:.0f}, {diag.num_divergences} divergences{geometry})")
+        else:
+            ok = False
+            banner = "!" * 78
+            log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag.problems)}.\n"
+                f"Do not trust its bands. {diagnostics_advice(name, post)}\n{banner}")
+    return ok
 
 
 def prepare(args) -> Inputs:
@@ -323,7 +339,7 @@ def prepare(args) -> Inputs:
     if (args.cost == "latency") != (args.latency is not None):
         raise UsageError("--cost latency and --latency PATH go together (the latency model is fitted from PATH)")
     if args.cost == "latency":
-        latency_fit, latency_rows = fit_latency(args.latency, args.latency_batch)
+        latency_fit, latency_rows = fit_latency_file(args.latency, args.latency_batch)
         cost = latency_fit.cost
     else:
         cost = COST_MODELS[args.cost]
@@ -411,7 +427,7 @@ def fit_and_predict(args, inputs: Inputs, log):
             log("posterior: " + ("per-draft and per-target model effects in the acceptance model (pairs sharing a "
                                  "model share its effect)" if model_effects else "acceptance pairs independent")
                 + f" ({why})")
-    stages = pipeline.StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
+    stages = StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
     log(f"loss law: {family.name}, multi-start L-BFGS from {len(starts)} starts (compiling first)")
@@ -426,10 +442,17 @@ def fit_and_predict(args, inputs: Inputs, log):
             log=log)
     stacking = None
     if args.stack:
-        result, stacking = stack_forms(result, args, runs=runs, acceptance=acceptance, family=family,
-                                       acceptance_model=acceptance_model, cost=cost, recipe=recipe, m_grid=m_grid,
-                                       named=named, fingerprint=fingerprint, run_effects=run_effects,
-                                       model_effects=model_effects, log=log)
+        from sdsl_jax import compare
+
+        chosen = [FAMILIES[name] for name in (list(FAMILIES) if args.stack == "all" else args.stack.split(","))]
+        with log.heartbeat(8.0):
+            result, stacking = compare.stack_forms(
+                result, runs, acceptance, families=chosen, m_grid=m_grid, targets=named, d_target=args.d_target,
+                recipe=recipe, cost=cost, num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws,
+                seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
+                stages_for=lambda name: StageStore(os.path.join(args.out, "forms", name), resume=args.resume,
+                                                   inputs=dict(fingerprint, law=name), log=log.warning),
+                log=log)
     grid_sol, named_sol, line = result.prediction.grid, result.prediction.named, result.prediction.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))
     log(f"N*: solved {len(m_grid) - failed}/{len(m_grid)} grid targets"
@@ -438,117 +461,6 @@ def fit_and_predict(args, inputs: Inputs, log):
     for code in sorted(set(statuses.tolist()) - {0}):
         log(f"  {int(np.sum(statuses == code))} target(s) unsolved: {status_message(code)}")
     return result, stacking, starts
-
-
-def summary_record(args, inputs: Inputs, result, *, assumptions: dict, starts) -> dict:
-    """summary.json without the posterior's part: provenance, settings, point fits, N* per target and grid."""
-    runs, acceptance, family, acceptance_model = inputs.runs, inputs.acceptance, inputs.family, inputs.acceptance_model
-    latency_fit, latency_rows, cost = inputs.latency_fit, inputs.latency_rows, inputs.cost
-    pre_path, acc_path, drop = inputs.pre_path, inputs.acc_path, inputs.drop
-    point, post, pred = result.point, result.posterior, result.prediction
-    grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
-    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
-    throughput_key = "tokens_per_second" if latency_fit is not None else "tokens_per_flop"
-    plane = point.plane
-    plane_info = (dict(source="fitted (weighted least squares)", model=acceptance_model.name,
-                       r_squared=point.plane_r_squared) if point.plane_fitted
-                  else dict(source="SDSL2026 (paper's values, fixed: no acceptance data)", model="plane"))
-    return dict(
-        command="python -m experiments.fit " + " ".join(args.argv),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        seed=args.seed, versions=versions(),
-        data=dict(pretraining=dict(path=pre_path, sha256=runs.sha256, runs_used=len(runs),
-                                   dropped_highest_loss=drop),
-                  acceptance=dict(path=acc_path, sha256=acceptance.sha256, pairs=len(acceptance))
-                  if acceptance else None),
-        assumptions=assumptions,
-        settings=dict(dataset=assumptions["dataset"], law=family.name, acceptance_model=acceptance_model.name, cost=args.cost,
-                      recipe=args.recipe, d_draft=args.d_draft, d_target=args.d_target,
-                      m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=len(starts),
-                      # NUTS settings only for a run that sampled (no posterior, no settings to record).
-                      **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
-                              bands="mean curve only" if args.mean_only else "posterior-predictive",
-                              run_effects="run_sd" in post.law_run.samples,
-                              model_effects=post.plane_run is not None and "draft_sd" in post.plane_run.samples)
-                           if args.posterior else {})),
-        loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=family.name,
-                      objective=point.objective, converged=point.converged,
-                      not_unique=list(point.not_unique)),
-        plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
-        linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
-        paper=dict(mu=PAPER_MU, m0=PAPER_M0),
-        latency=dict(path=args.latency, sha256=latency_rows.sha256, batch=args.latency_batch, form=latency_fit.form,
-                     coef=latency_fit.coef, relative_rmse=latency_fit.relative_rmse, loop_overheads=latency_fit.overheads,
-                     meaning="t(N, k) = t0 + t1 k + c1 N + c2 N k seconds per call; T* in tokens per second")
-        if latency_fit is not None else None,
-        targets=[dict(m_target=float(m), n_star=float(named_sol.n_star[i]), gamma_star=float(named_sol.gamma_star[i]),
-                      alpha=float(named_sol.alpha[i]), m_over_n_star=float(m / named_sol.n_star[i]),
-                      **{throughput_key: float(named_sol.throughput[i])},
-                      speedup=float(named_sol.throughput[i] * target_alone_cost(cost, m)), status=int(named_sol.status[i]))
-                 for i, m in enumerate(named)],
-        grid=dict(m_target=m_grid.tolist(), n_star=np.asarray(grid_sol.n_star).tolist(),
-                  gamma_star=np.asarray(grid_sol.gamma_star).tolist()),
-    )
-
-
-def add_posterior_record(summary: dict, args, inputs: Inputs, result, log) -> bool:
-    """The posterior's part of summary.json (diagnostics, identification, bands); True when a check failed."""
-    cost, point, post, pred = inputs.cost, result.point, result.posterior, result.prediction
-    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
-    throughput_key = "tokens_per_second" if inputs.latency_fit is not None else "tokens_per_flop"
-    strict_failure = False
-    diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
-    for name, diag in diagnostics.items():
-        geometry = (f"; {diag['mean_steps']:.0f} leapfrog steps per draw, {diag['max_tree_depth_share']:.0%} of draws "
-                    "at the maximum tree depth" if np.isfinite(diag.get("mean_steps", np.nan)) else "")
-        if diag["ok"]:
-            log(f"diagnostics ({name}): OK (max R-hat {diag['max_rhat']:.3f}, min bulk ESS "
-                f"{diag['min_ess_bulk']:.0f}, {diag['num_divergences']} divergences{geometry})")
-        else:
-            strict_failure = True
-            banner = "!" * 78
-            log(f"{banner}\nWARNING: {name} posterior failed its diagnostics: {'; '.join(diag['problems'])}.\n"
-                f"Do not trust its bands. {diagnostics_advice(name, post)}\n{banner}")
-    bands, nb = pred.bands, pred.target_bands
-    laws, planes = result.draws
-    q = list(bands.quantiles)
-    i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
-    for j, target in enumerate(summary["targets"]):
-        target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
-                      n_star_hi90=float(nb.n_star[i95, j]),
-                      m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
-                      m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
-                      gamma_star_lo90=float(nb.gamma_star[i05, j]),
-                      gamma_star_hi90=float(nb.gamma_star[i95, j]),
-                      speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
-                      speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
-                      failed_fraction=float(nb.failed_fraction[j]))
-    ident = post.identification
-    summary["posterior"] = dict(
-        diagnostics=diagnostics,
-        identification=dict(
-            meaning="contraction = 1 - posterior variance / prior variance, in the law's fitting coordinates; "
-                    "flags: parameters the data do not identify",
-            contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
-        loss_law={k: interval(v) for k, v in laws._asdict().items()},
-        residuals=dict(
-            meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
-                    "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
-                    "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
-                    "effects); the bands include them unless --mean-only",
-            **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
-               for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
-            **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
-                np.asarray(post.plane_run.samples[k]).reshape(-1))
-                for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
-               if post.plane_run is not None else {})),
-        plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
-        linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
-        bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
-                   m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
-                   **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
-    )
-    return strict_failure
 
 
 def write_figures_and_clean(args, inputs: Inputs, result, assumptions: dict, log) -> None:
@@ -578,169 +490,6 @@ def write_figures_and_clean(args, inputs: Inputs, result, assumptions: dict, log
         path = os.path.abspath(os.path.join(args.out, name))
         if path not in written and os.path.isfile(path):
             os.remove(path)
-
-
-def stack_forms(result, args, *, runs, acceptance, family, acceptance_model, cost, recipe, m_grid, named, fingerprint,
-                run_effects, model_effects, log):
-    """Fit every other identifiable form, weight all by stacking, put the mixture's bands in ``result``.
-
-    Returns ``(result with the mixture's bands, summary entry)``; each form's stages and
-    loss-law posteriors are kept in ``--out/forms/<name>/``; the acceptance posterior, which does not
-    depend on the form, is sampled once and shared.
-    """
-    from sdsl_jax import pipeline
-    from sdsl_jax.fitting import IdentifiabilityError
-
-    results = {family.name: result}
-    skipped = {}
-    chosen = list(FAMILIES) if args.stack == "all" else args.stack.split(",")
-    for other in (FAMILIES[name] for name in chosen):
-        if other is family:
-            continue
-        try:
-            check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=other)
-        except IdentifiabilityError as err:
-            skipped[other.name] = err.problem
-            log(f"stacking: {other.name} skipped ({err.problem})")
-            continue
-        folder = os.path.join(args.out, "forms", other.name)
-        stages = pipeline.StageStore(folder, resume=args.resume, inputs=dict(fingerprint, law=other.name), log=log.warning)
-        log(f"stacking: fitting the {other.name} form (point fit, posterior, N* draws)")
-        with log.heartbeat(8.0):
-            results[other.name] = pipeline.run(
-                runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=other,
-                acceptance_model=acceptance_model, cost=cost, posterior=True, num_chains=args.chains,
-                num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, stages=stages,
-                predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
-                # The acceptance posterior does not depend on the loss law's form: sampled once.
-                plane_run=result.posterior.plane_run, log=lambda _: None)
-    weights = pipeline.stacking_weights(runs, {k: r.posterior for k, r in results.items()},
-                                        families={k: r.point.family for k, r in results.items()})
-    for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
-                                    weights.pareto_k_max):
-        log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}")
-    grid_bands, named_bands = pipeline.mixture_bands(results, weights, m_grid=m_grid, targets=named,
-                                                     d_target=args.d_target, recipe=recipe, cost=cost, seed=args.seed)
-    pred = result.prediction._replace(bands=grid_bands, target_bands=named_bands)
-    q = list(named_bands.quantiles)
-    entry = dict(
-        method=weights.method, forms=list(weights.names), weights=weights.weights.tolist(),
-        elpd_loo=weights.elpd_loo.tolist(), elpd_se=weights.elpd_se.tolist(),
-        pareto_k_max=weights.pareto_k_max.tolist(), skipped=skipped,
-        meaning="the bands (targets, grid, linear law) are those of the stacked mixture of the forms' draws; the point "
-                "fit is --law's. For extrapolation to unseen sizes see experiments.holdout (grouped folds).",
-        n_star_point={name: np.asarray(r.prediction.named.n_star).tolist() for name, r in results.items()},
-        n_star_median={name: np.asarray(r.prediction.target_bands.n_star[q.index(0.5)]).tolist()
-                       for name, r in results.items()})
-    return result._replace(prediction=pred), entry
-
-
-def size(n: float) -> str:
-    """A parameter count with a readable unit (one home: ``sdsl_jax.figures.format_size``)."""
-    from sdsl_jax.figures import format_size
-
-    return format_size(n)
-
-
-def diagnostics_advice(name: str, post) -> str:
-    """What to do about a posterior that failed its checks: where the data leave parameters
-    unidentified, longer chains only wander further along the ridge; name them and the data that
-    would separate them."""
-    flags = list(post.identification.flags) if name == "loss_law" else []
-    if flags:
-        return ("The data do not identify: " + "; ".join(flags) + ". Longer chains will not fix this: add runs at "
-                "more model sizes and more budgets per size (the N and D terms need each to vary on its own), fix "
-                "the parameter from elsewhere, or choose a form with fewer coefficients (--law).")
-    depth = getattr(getattr(post, "diagnostics", None), "max_tree_depth_share", float("nan"))
-    if depth > 0.01:
-        return (f"{depth:.0%} of draws hit NUTS's maximum tree depth: the posterior is badly scaled or curved (a "
-                "coefficient barely constrained, or two that trade off non-linearly). More draws will not help; a form "
-                "with fewer coefficients (--law) or data that pin the weak one will.")
-    if name == "plane":
-        return ("Check that the pairs cover several draft and target perplexities (a plane needs both to vary), "
-                "or turn the per-model effects off (--run-effects off) where few models repeat; then run longer "
-                "(--warmup/--draws).")
-    return "Run longer (--warmup/--draws) or more chains."
-
-
-def add_data_checks(summary, law, *, runs, acceptance, log) -> None:
-    """How far each answer reaches beyond the data, and whether the law and the acceptance data speak of
-    the same perplexities: in ``summary`` and, where something is off, one warning each."""
-    drafts = np.unique(acceptance.n_draft) if acceptance is not None else None
-    measured = np.unique(acceptance.n_target) if acceptance is not None else None
-    for t in summary["targets"]:
-        n_star = t.get("n_star_median", t["n_star"])
-        t["beyond_data"] = extrapolation(t["m_target"], n_star if n_star is not None else np.nan,
-                                         run_sizes=runs.n_params, draft_sizes=drafts, target_sizes=measured).as_dict()
-    flagged = [t for t in summary["targets"] if t["beyond_data"]["flags"]]
-    if flagged:
-        log.warning(f"{len(flagged)} of {len(summary['targets'])} targets lie beyond the data (column 'beyond data'): "
-                    "their N* is an extrapolation of the law")
-    if acceptance is not None:
-        scale = perplexity_scale(law, acceptance)
-        summary["perplexity_scale"] = scale.as_dict()
-        if not scale.consistent:
-            log.warning(scale.message)
-
-
-def print_table(summary, args) -> None:
-    """The final table; printed with --quiet too (it is the answer, not progress)."""
-    post = summary.get("posterior")
-    print("\n" + "\n".join(format_assumptions(summary["assumptions"])))
-    law = summary["loss_law"]
-    print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
-    for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:
-        extra = ""
-        if post:
-            i = post["loss_law"][k]
-            extra = f"   {i['median']:.4g} [{i['lo90']:.4g}, {i['hi90']:.4g}]"
-        print(f"  {k:>5} = {law[k]:<10.5g}{extra}")
-    p = summary["plane"]
-    print(f"Acceptance ({p['model']}): A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
-    print("\n  target M |  N* median [90% band]          | N* (point) |  M/N* | gamma* | alpha  | speedup [90%]"
-          "        | beyond data")
-    for t in summary["targets"]:
-        band = (f"{size(t['n_star_median']):>8} [{size(t['n_star_lo90'])}, {size(t['n_star_hi90'])}]"
-                if "n_star_median" in t else "(run with --posterior)")
-        failed = t.get("failed_fraction", 0.0) or 0.0
-        if failed > 0.05:  # a band from under 95% of the draws: say so beside it
-            band += f" *{failed:.0%} failed"
-        speed = f"x{t['speedup']:.2f}" + (f" [{t['speedup_lo90']:.2f}, {t['speedup_hi90']:.2f}]"
-                                          if "speedup_lo90" in t else "")
-        flags = "; ".join(t["beyond_data"]["flags"]) if t.get("beyond_data") else ""
-        print(f"  {size(t['m_target']):>8} | {band:<30} | {size(t['n_star']):>10} | {t['m_over_n_star']:5.0f} | "
-              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f} | {speed:<20} | {flags or '-'}")
-    if any((t.get("failed_fraction", 0.0) or 0.0) > 0.05 for t in summary["targets"]):
-        print("  (*: that share of the posterior draws had no solved N*; the band is of the rest)")
-    unit = "tokens per second (--cost latency)" if summary.get("latency") else "tokens per FLOP"
-    print(f"  (speedup: T* over the target decoding alone, in {unit})")
-    ll = summary["linear_law"]
-    if ll:
-        txt = f"\nLinear law N* = mu M + M0: mu = {ll['mu']:.4g}, M0 = {ll['m0']:.4g}"
-        if post:
-            mu, m0 = post["linear_law"]["mu"], post["linear_law"]["m0"]
-            txt += (f"   posterior mu {mu['median']:.4g} [{mu['lo90']:.4g}, {mu['hi90']:.4g}], "
-                    f"M0 {m0['median']:.4g} [{m0['lo90']:.4g}, {m0['hi90']:.4g}]")
-        print(txt + f"   (paper: mu = {PAPER_MU}, M0 = {PAPER_M0:.3g})")
-    if summary.get("stacking"):
-        st = summary["stacking"]
-        print("\nForms stacked (" + st["method"] + "):")
-        for i, name in enumerate(st["forms"]):
-            print(f"  {name:>10}: weight {st['weights'][i]:.3f}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
-                  f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(size(v) for v in st["n_star_point"][name]))
-        for name, why in st["skipped"].items():
-            print(f"  {name:>10}: not fitted ({why})")
-        print("  The bands above are the stacked mixture's.")
-    if law.get("not_unique"):
-        print("The point fit is not unique (rival optima within 1% of its objective differ in "
-              + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")
-    if post and post["identification"]["flags"]:
-        print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))
-    if "plane_sensitivity" in summary:
-        s = summary["plane_sensitivity"]
-        print("Sensitivity of N* to the fixed plane (d log N* / d log |coef|): " + ", ".join(
-            f"{k} {np.mean(s[k]):+.2f}" for k in ("A", "B", "C")))
-    print()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ interleaved rounds) and the median and IQR per call are written.
 Timing depends on shapes only, not on weight values, so the models are initialised with their
 rung's seed instead of loaded: no checkpoint is needed and the file can be made on any machine
 (the machine is recorded). Each finished model is kept in ``OUT/stages/latency.jsonl``; a rerun
-resumes. Schema: ``sdsl-latency v1`` (``sdsl_jax/data.py``).
+resumes. Schema: ``sdsl-latency v1`` (``docs/data.md``).
 
 The decoding loops do more than their calls (sampling, accept/reject, buffer updates), so unless
 ``--no-loops`` the loops themselves are timed too (rows of kind ``alone`` and ``iteration``): the
@@ -30,138 +30,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import sys
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments.ladder import PRESETS, rung_config, rung_seed
+from sdsl_jax.lm.ladder import PRESETS, rung_config, rung_seed
 from experiments.runlog import (Log, append_stage_line, configure_jax, run_command, read_stage_lines, versions,
                                write_json)
 from sdsl_jax.data import LATENCY_SCHEMA, LatencyMeasurements, load_latency, save_latency
-from sdsl_jax.model import Transformer, count_params, init_cache
-
-
-def machine() -> str:
-    """CPU model (or accelerator), core count and JAX backend, in one line."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    device = jax.devices()[0]
-    return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} {device.platform} ({device.device_kind})"
-
-
-def timed_calls(model: Transformer, *, batch: int, tokens: int, cache_length: int):
-    """A function ``run(calls) -> seconds`` timing ``calls`` chained forward calls in one compiled loop."""
-    graphdef, state = nnx.split(model)
-    cache = init_cache(model.config, batch)
-    start = jnp.zeros((batch, tokens), jnp.int32)
-
-    @jax.jit
-    def loop(state, cache, start, calls):
-        net = nnx.merge(graphdef, state)
-
-        def body(i, carry):
-            x, cache = carry
-            logits, cache = net(x, cache, cache_length)
-            # What the decoding loop does with a call's logits (temperature 1): the next-token
-            # distribution at every position (a verification compares all of them) and one
-            # sample (the draft's proposal, or the bonus / residual token).
-            probs = jax.nn.softmax(logits, axis=-1)
-            key = jax.random.fold_in(jax.random.key(0), i)
-            sample = jax.random.categorical(key, jnp.log(probs[:, -1])).astype(jnp.int32)
-            return jnp.concatenate([x[:, 1:], sample[:, None]], axis=1), cache
-
-        return jax.lax.fori_loop(0, calls, body, (start, cache))
-
-    def run(calls: int) -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(state, cache, start, jnp.asarray(calls, jnp.int32)))
-        return time.perf_counter() - t0
-
-    return run
-
-
-def measure_model(name: str, model: Transformer, args, log: Log) -> list[dict]:
-    n = count_params(model)
-    configs = [(b, k) for b in args.batches for k in range(1, args.max_tokens + 1)]
-    runners, calls = {}, {}
-    for b, k in configs:
-        run = timed_calls(model, batch=b, tokens=k, cache_length=args.cache_length)
-        run(1)  # compile
-        probe = run(8) / 8  # calls per repeat so that one repeat takes about --repeat-seconds
-        calls[b, k] = int(np.clip(round(args.repeat_seconds / max(probe, 1e-7)), 8, 4096))
-        runners[b, k] = run
-    times = {c: [] for c in configs}
-    for r in range(args.repeats):
-        for i in np.roll(np.arange(len(configs)), r):  # interleaved, rotating order
-            b, k = configs[i]
-            times[b, k].append(runners[b, k](calls[b, k]) / calls[b, k])
-    rows = []
-    for b, k in configs:
-        q25, med, q75 = np.percentile(times[b, k], [25, 50, 75])
-        rows.append(dict(model=name, n_params=n, batch=b, tokens=k, seconds_median=float(med),
-                         seconds_iqr=float(q75 - q25), repeats=args.repeats, calls=calls[b, k],
-                         cache_length=args.cache_length, machine=args.machine, kind="call"))
-    one = {r["tokens"]: r["seconds_median"] for r in rows if r["batch"] == min(args.batches)}
-    log(f"  {name} (N = {n:,}): batch {min(args.batches)}, a draft step {one[1] * 1e6:.0f} us, a verification of "
-        f"{args.max_tokens} tokens {one[args.max_tokens] * 1e6:.0f} us")
-    return rows
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def loop_drafts(names: list[str], target_index: int) -> list[str]:
-    """The drafts timed against a target: the smallest, the middle of the smaller ones, the next smaller."""
-    smaller = names[:target_index]
-    return sorted({smaller[0], smaller[len(smaller) // 2], smaller[-1]}, key=names.index)
-
-
-def measure_loops(name: str, models: dict, names: list[str], args, log: Log) -> list[dict]:
-    """The decoding loops themselves: seconds per token of the target alone, per speculative iteration."""
-    from experiments.measure import prompts_for
-    from sdsl_jax.decoding import autoregressive_generate, speculative_generate
-
-    prompt = prompts_for(1, args.loop_prompt_len)[0]
-    key = jax.random.key(0)
-    target = models[name]
-    m = count_params(target)
-    common = dict(model=name, n_params=m, batch=1, repeats=args.repeats, calls=1, cache_length=args.loop_prompt_len,
-                  machine=args.machine)
-    alone = _median_seconds(lambda: autoregressive_generate(target, prompt, key, num_new_tokens=args.loop_tokens),
-                            args.repeats) / args.loop_tokens
-    rows = [dict(common, tokens=1, seconds_median=alone, kind="alone")]
-    index = names.index(name)
-    for draft_name in (loop_drafts(names, index) if index else []):
-        draft = models[draft_name]
-        for gamma in args.loop_gammas:
-            def run(draft=draft, gamma=gamma):
-                return speculative_generate(draft, target, prompt, key, num_new_tokens=args.loop_tokens, gamma=gamma)
-
-            iterations = int(run()[1].num_iterations)  # the same key every time: the same iterations
-            seconds = _median_seconds(run, args.repeats) / iterations
-            rows.append(dict(common, tokens=gamma + 1, seconds_median=seconds, kind="iteration",
-                             n_draft=count_params(draft), gamma=gamma))
-    log(f"  {name}: target alone {alone * 1e6:.0f} us per token" + "".join(
-        f"; {r['gamma']} drafts of {r['n_draft']:,}: {r['seconds_median'] * 1e6:.0f} us per iteration"
-        for r in rows[1:2]))
-    return rows
+from sdsl_jax.lm.model import Transformer
+from sdsl_jax.lm.timing import machine, time_calls, time_loops
 
 
 def parse_args(argv):
@@ -230,9 +110,14 @@ def _measure(args, argv, preset) -> int:
         for rung in preset.rungs:
             if rung.name not in done:
                 log(f"{rung.name}: compiling and timing")
-                done[rung.name] = measure_model(rung.name, models[rung.name], args, log)
+                done[rung.name] = time_calls(rung.name, models[rung.name], batches=args.batches,
+                                             max_tokens=args.max_tokens, cache_length=args.cache_length,
+                                             repeats=args.repeats, repeat_seconds=args.repeat_seconds,
+                                             machine=args.machine, log=log)
                 if not args.no_loops:
-                    done[rung.name] += measure_loops(rung.name, models, names, args, log)
+                    done[rung.name] += time_loops(rung.name, models, names, prompt_len=args.loop_prompt_len,
+                                                  loop_tokens=args.loop_tokens, loop_gammas=args.loop_gammas,
+                                                  repeats=args.repeats, machine=args.machine, log=log)
                 append_stage_line(stages, dict(model=rung.name, settings=settings, rows=done[rung.name]))
             rows.extend(done[rung.name])
     columns = {c.name: [r.get(c.name) for r in rows] for c in LATENCY_SCHEMA}

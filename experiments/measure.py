@@ -17,7 +17,7 @@ on ``--prompts`` HellaSwag prompts (the last ``--prompt-len`` bytes of each cont
 achieved under the SDSL cost model (2N per draft token, 2M per verification pass) and under XLA's
 own cost analysis of the compiled calls; and wall-clock tokens per second against the target
 alone: medians over ``--repeats`` repeats, methods interleaved in a rotating order within each
-repeat (timings here vary 20-30% from run to run).
+repeat (timings vary from run to run).
 
 Writes in ``--out``: ``pretraining.csv`` / ``acceptance.csv`` (schemas ``sdsl-pretraining v1`` /
 ``sdsl-acceptance v1``, held-out text: the models' own distribution, as the paper's targets'
@@ -34,27 +34,23 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import json
 import os
 import sys
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from experiments.corpus import hellaswag_prompts, load_corpus
-from experiments.ladder import PRESETS, EvalText, load_model
+from sdsl_jax.lm.corpus import load_corpus, prompts_for
+from sdsl_jax.lm.ladder import PRESETS, EvalText, load_ladder
+from sdsl_jax.lm.measure import exact_pairs, ladder_datasets, longest_budgets
 from experiments.runlog import (Log, append_stage_line, run_command, read_stage_lines, sha256, versions,
                                write_json)
 from sdsl_jax import SDSL_FLOPS, throughput
-from sdsl_jax.acceptance import acceptance_from_distributions
-from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns, load_speculative, save_acceptance, save_pretraining
-from sdsl_jax.decoding import autoregressive_generate, speculative_generate, summarize_runs
-from sdsl_jax.model import TransformerConfig, init_cache
+from sdsl_jax.data import load_speculative, save_acceptance, save_pretraining
+from sdsl_jax.lm.decoding import autoregressive_generate, speculative_generate, summarize_runs
+from sdsl_jax.lm.timing import interleaved_times, xla_flops
 from sdsl_jax.store import atomic_write
 
-TEXTS = ("heldout", "hellaswag")
 # Per preset: what fits its models' context (prompt + new tokens + gamma + 1 <= seq_len) and its time.
 SPECULATIVE_DEFAULTS = {
     # gamma up to 10: the law's gamma* for the largest target's drafts is 5.5-6, the top of the grid
@@ -63,105 +59,6 @@ SPECULATIVE_DEFAULTS = {
     "micro": dict(gammas="1,3", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
 }
 SPECULATIVE_DEFAULTS["factorial"] = SPECULATIVE_DEFAULTS["real"]  # the same shapes, every one at five budgets
-
-
-def load_ladder(directory: str) -> tuple[dict, dict]:
-    """The ladder registry and its models ``{name: (record, Transformer)}``."""
-    path = os.path.join(directory, "ladder.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: train the ladder first (python -m experiments.ladder)")
-    with open(path) as f:
-        registry = json.load(f)
-    models = {}
-    for record in registry["models"]:
-        config = TransformerConfig(**record["config"])
-        models[record["name"]] = (record, load_model(config, os.path.join(directory, record["params_path"])))
-    return registry, models
-
-
-def longest_budgets(records: list[dict]) -> list[dict]:
-    """One record per rung: its longest-budget model, ordered by size."""
-    best = {}
-    for r in records:
-        if r["rung"] not in best or r["n_tokens"] > best[r["rung"]]["n_tokens"]:
-            best[r["rung"]] = r
-    return sorted(best.values(), key=lambda r: r["n_params"])
-
-
-def _next_token_probs(model, batch: np.ndarray, chunk: int = 32) -> np.ndarray:
-    """Softmax of the model's next-token logits at every position, float32 ``(windows, T, vocab)``."""
-    forward = jax.jit(lambda b: jax.nn.softmax(model(b)[0], axis=-1))
-    return np.concatenate([np.asarray(forward(jnp.asarray(batch[i:i + chunk, :-1])))
-                           for i in range(0, len(batch), chunk)])
-
-
-def exact_pairs(models: dict, evaluation: EvalText, log: Log) -> list[dict]:
-    """alpha = 1 - E[TV] (temperature 1) and greedy agreement for every pair with a smaller draft."""
-    records = [rec for rec, _ in models.values()]
-    targets = longest_budgets(records)
-    probs = {}
-    for text in TEXTS:
-        batch = getattr(evaluation, text)
-        for name, (_, model) in models.items():
-            probs[text, name] = _next_token_probs(model, batch)
-    tv = jax.jit(lambda p, q: acceptance_from_distributions(p, q).mean())
-    rows = []
-    for target in targets:
-        for draft in sorted(records, key=lambda r: (r["n_params"], r["n_tokens"])):
-            if draft["n_params"] >= target["n_params"]:
-                continue
-            row = dict(draft=draft["name"], target=target["name"], n_draft=draft["n_params"],
-                       n_target=target["n_params"], d_draft=draft["n_tokens"], d_target=target["n_tokens"])
-            for text in TEXTS:
-                p, q = probs[text, target["name"]], probs[text, draft["name"]]
-                row[f"ppl_draft_{text}"] = float(np.exp(draft[f"loss_{text}"]))
-                row[f"ppl_target_{text}"] = float(np.exp(target[f"loss_{text}"]))
-                row[f"alpha_{text}"] = float(tv(jnp.asarray(p), jnp.asarray(q)))
-                row[f"alpha_greedy_{text}"] = float(np.mean(p.argmax(-1) == q.argmax(-1)))
-            rows.append(row)
-        count = sum(r["target"] == target["name"] for r in rows)
-        if count:
-            log(f"exact alpha for target {target['name']}: {count} drafts")
-    return rows
-
-
-_FLOPS_CACHE: dict = {}
-
-
-def xla_flops(model, num_tokens: int) -> float:
-    """FLOPs XLA's cost analysis assigns one cached forward call on ``num_tokens`` tokens."""
-    key = (id(model), num_tokens)
-    if key not in _FLOPS_CACHE:
-        _FLOPS_CACHE[key] = _xla_flops(model, num_tokens)
-    return _FLOPS_CACHE[key]
-
-
-def _xla_flops(model, num_tokens: int) -> float:
-    cache = init_cache(model.config)
-    tokens = jnp.zeros((1, num_tokens), jnp.int32)
-    compiled = jax.jit(lambda t, c: model(t, c, 0)).lower(tokens, cache).compile()
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
-        analysis = analysis[0]
-    return float(analysis["flops"])
-
-
-def prompts_for(count: int, length: int) -> np.ndarray:
-    """The last ``length`` bytes of the first ``count`` HellaSwag contexts with at least that many."""
-    out = []
-    for text in hellaswag_prompts():
-        data = text.encode("utf-8")
-        if len(data) >= length:
-            out.append(np.frombuffer(data[-length:], np.uint8))
-        if len(out) == count:
-            return np.stack(out).astype(np.int32)
-    raise ValueError(f"fewer than {count} HellaSwag prompts of {length} bytes")
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t0
 
 
 def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dict]:
@@ -225,16 +122,9 @@ def speculative_runs(models: dict, args, log: Log, stages_path: str) -> list[dic
                 f"tau {tokens / iterations:.2f}, tokens/FLOP x{SDSL_FLOPS.verification(m, 1) * tokens / flops_spec_sdsl:.2f} of the "
                 f"target alone (SDSL cost), x{flops_t1 * tokens / flops_spec_xla:.2f} (XLA FLOPs)")
         # Wall-clock: every method on the same prompts and keys; rotating order inside each repeat.
-        methods = [run_target] + runners  # index 0: the target alone
-        times = {i: [] for i in range(len(methods))}
-        for r in range(args.repeats):
-            order = np.roll(np.arange(len(methods)), r)
-            for i in order:
-                fn = methods[i]
-                times[i].append(sum(_timed(lambda p=p, j=j: fn(p, jax.random.fold_in(key, 10_000 + j)))
-                                    for j, p in enumerate(timing_prompts)))
+        times = interleaved_times([run_target] + runners, timing_prompts, key, args.repeats)
         tokens_timed = len(timing_prompts) * args.new_tokens
-        base = float(np.median(times[0]))
+        base = float(np.median(times[0]))  # index 0: the target alone
         for i, row in enumerate(new_rows, start=1):
             med = float(np.median(times[i]))
             row.update(seconds_median=med, seconds_iqr=float(np.subtract(*np.percentile(times[i], [75, 25]))),
@@ -258,24 +148,6 @@ def _write_csv(path: str, rows: list[dict]) -> None:
             writer.writerows(rows)
 
     atomic_write(path, write)
-
-
-def datasets(registry: dict, pairs: list[dict], text: str, source: str) -> tuple[PretrainingRuns, AcceptanceMeasurements]:
-    """The fitters' tables for one evaluation text."""
-    models = registry["models"]
-    runs = PretrainingRuns(
-        n_params=np.array([m["n_params"] for m in models], float), n_tokens=np.array([m["n_tokens"] for m in models], float),
-        loss=np.array([m[f"loss_{text}"] for m in models]), name=tuple(m["name"] for m in models),
-        flops=np.array([6.0 * m["n_params"] * m["n_tokens"] for m in models]), source=(source,) * len(models))
-    col = lambda key: np.array([p[key] for p in pairs], float)  # noqa: E731
-    nan = np.full(len(pairs), np.nan)
-    acceptance = AcceptanceMeasurements(
-        draft=tuple(p["draft"] for p in pairs), target=tuple(p["target"] for p in pairs),
-        n_draft=col("n_draft"), n_target=col("n_target"), d_draft=col("d_draft"), d_target=col("d_target"),
-        ppl_draft=col(f"ppl_draft_{text}"), ppl_target=col(f"ppl_target_{text}"), alpha=col(f"alpha_{text}"),
-        gamma=nan, n_iterations=nan, accepted=nan, weight=nan, temperature=np.ones(len(pairs)),
-        source=(f"{source}: exact 1 - E[TV], {text}",) * len(pairs))
-    return runs, acceptance
 
 
 def parse_args(argv):
@@ -348,7 +220,7 @@ def _measure(args, argv, preset, ladder_dir, out) -> int:
     _write_csv(os.path.join(out, "pairs.csv"), pairs)
     source = f"sdsl-jax ladder '{preset.name}'"
     for text, suffix in (("heldout", ""), ("hellaswag", "_hellaswag")):
-        runs, acceptance = datasets(registry, pairs, text, source)
+        runs, acceptance = ladder_datasets(registry, pairs, text, source)
         save_pretraining(runs, os.path.join(out, f"pretraining{suffix}.csv"))
         save_acceptance(acceptance, os.path.join(out, f"acceptance{suffix}.csv"))
     log(f"wrote pretraining / acceptance CSVs ({len(registry['models'])} runs, {len(pairs)} pairs) to {out}")

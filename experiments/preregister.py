@@ -33,7 +33,9 @@ import sys
 
 import numpy as np
 
-from experiments.runlog import Log, UsageError, check_arguments, run_command, run_header, sha256, write_json
+from experiments.runlog import Log, UsageError, check_arguments, run_command, run_header, sha256, write_json, write_text
+from sdsl_jax.validation.preregistered import (ForecastContext, forecast_target, measured_throughput, prediction_markdown,
+                                               score, score_markdown)
 
 __all__ = ["main"]
 
@@ -64,39 +66,18 @@ def _commit() -> str:
         return "unknown"
 
 
-def _quantiles(x: np.ndarray) -> list[float]:
-    with np.errstate(all="ignore"):
-        return [float(v) for v in np.nanquantile(x, [0.05, 0.5, 0.95], axis=0)] if np.isfinite(x).any() else [None] * 3
-
-
-def measured_throughput(pairs, top: dict[str, float]) -> dict[tuple[str, str], dict]:
-    """T at the best integer lookahead from each pair's exact alpha, for pairs of top-budget models
-    (``top``: each rung's top budget in tokens; models are named ``<rung>@<steps>``)."""
-    from sdsl_jax import SDSL_FLOPS, best_lookahead
-
-    out = {}
-    for i in range(len(pairs.alpha)):
-        draft, target = pairs.draft[i].split("@")[0], pairs.target[i].split("@")[0]
-        if np.isclose(pairs.d_draft[i], top.get(draft, np.nan)) and np.isclose(pairs.d_target[i], top.get(target, np.nan)):
-            best = best_lookahead(SDSL_FLOPS, float(pairs.alpha[i]), float(pairs.n_draft[i]), float(pairs.n_target[i]))
-            out[draft, target] = dict(alpha=float(pairs.alpha[i]), throughput=float(best.throughput))
-    return out
-
-
 def predict(args, log: Log) -> dict:
-    from experiments import ladder
-    from experiments.closure import run_label_of
-    from sdsl_jax import bayes, load_acceptance, load_pretraining, pipeline
-    from sdsl_jax.forecast import baseline_forecasts, bayes_decision
+    from sdsl_jax.lm import ladder as rungs
+    from sdsl_jax import load_acceptance, load_pretraining, pipeline, predict
 
-    preset = ladder.PRESETS[args.preset]
+    preset = rungs.PRESETS[args.preset]
     runs = load_pretraining(os.path.join(args.data, "pretraining.csv"))
     pairs = load_acceptance(os.path.join(args.data, "acceptance.csv"))
-    sizes = {r.name: float(ladder.rung_n_params(r, preset)) for r in preset.rungs}
+    sizes = {r.name: float(rungs.rung_n_params(r, preset)) for r in preset.rungs}
     # Each rung's top shared budget in tokens (whole steps: 10,000,384 at 2,048 tokens per step, 9,998,336 at
     # 4,096): candidates and targets are the models trained on it.
     top = {r.name: float(max(plan.budgets) * plan.tokens_per_step)
-           for r in preset.rungs for plan in [ladder.plan_rung(r, preset, int(sizes[r.name]))]}
+           for r in preset.rungs for plan in [rungs.plan_rung(r, preset, int(sizes[r.name]))]}
     held_back = [r for r in preset.rungs if r.held_back]
     present = [r.name for r in held_back if np.any(np.isclose(runs.n_params, sizes[r.name]))]
     if present:
@@ -111,9 +92,8 @@ def predict(args, log: Log) -> dict:
     point = pipeline.fit_point(runs, pairs, log=log)
     posterior = pipeline.sample_posterior(runs, pairs, point, num_chains=args.chains, num_warmup=args.warmup,
                                           num_samples=args.draws, seed=args.seed, log=log)
-    draws = pipeline.paired_draws(posterior)
-    scales = pipeline.predictive_scales(posterior, runs=runs, acceptance=pairs)
-    laws, planes = draws
+    draws = predict.paired_draws(posterior)
+    scales = predict.predictive_scales(posterior, runs=runs, acceptance=pairs)
     measured = measured_throughput(pairs, top)
     # The data name models "<rung>@<steps>": each rung's top-budget model as a draft and as a target.
     top_drafts = {lab.split("@")[0]: lab for lab, dd in zip(pairs.draft, pairs.d_draft)
@@ -121,53 +101,21 @@ def predict(args, log: Log) -> dict:
     top_targets = {lab.split("@")[0]: lab for lab, dt in zip(pairs.target, pairs.d_target)
                    if np.isclose(dt, top[lab.split("@")[0]])}
     order = sorted(sizes, key=sizes.get)
+    context = ForecastContext(sizes, top, {r.name for r in held_back}, point, draws, scales, runs, measured,
+                              top_drafts, top_targets, args.seed)
     targets, earlier, previous_best = [], [], None
     for t_name in order[1:]:
-        m = sizes[t_name]
-        cands = [c for c in order if sizes[c] < m]
-        n = np.array([sizes[c] for c in cands])
-        d = np.array([top[c] for c in cands])
-        d_top = top[t_name]
-        labels = pipeline.CandidateLabels(
-            draft_runs=tuple(run_label_of(runs, float(v), float(dv)) for v, dv in zip(n, d)), target_run=run_label_of(runs, m, d_top),
-            draft_models=tuple(top_drafts.get(c) for c in cands), target_model=top_targets.get(t_name))
-        kw = dict(n_drafts=n, d_drafts=d, m_target=m, d_target=d_top, scales=scales, labels=labels, seed=args.seed)
-        t_draws = pipeline.throughput_draws(draws, **kw)
-        alpha_draws = pipeline.acceptance_draws(draws, **kw)
-        decision = bayes_decision(t_draws)
-        ranking = pipeline.rank_drafts(point, draws=draws, **kw)
-        n_star = bayes.propagate_draft_size(
-            np.array([m]), laws, pipeline.predictive_planes(planes, scales, d_draft=d_top, d_target=d_top,
-                                                            seed=args.seed),
-            d_draft=d_top, d_target=d_top, quantiles=(0.05, 0.5, 0.95))  # N* for drafts on the target's budget
-        baselines = baseline_forecasts(n, m, previous_best=previous_best, earlier=earlier)
-        t_measured = [measured.get((c, t_name), {}).get("throughput") for c in cands]
-        record = dict(
-            target=t_name, m_target=m, d_target=d_top, held_back_target=t_name in {r.name for r in held_back},
-            candidates=[dict(name=c, n_params=sizes[c], d_tokens=top[c], held_back=c in {r.name for r in held_back},
-                             p_best=float(decision.p_best[j]), expected_tokens_per_flop=float(decision.expected_throughput[j]),
-                             tokens_per_flop_point=float(ranking.throughput[j]),
-                             tokens_per_flop_90=_quantiles(t_draws[:, j]), alpha_point=float(ranking.alpha[j]),
-                             alpha_90=_quantiles(alpha_draws[:, j]),
-                             inadmissible_share=float(np.mean(~np.isfinite(t_draws[:, j]))))
-                        for j, c in enumerate(cands)],
-            bayes_decision=dict(draft=cands[decision.choice], p_best=float(decision.p_best[decision.choice]),
-                                expected_regret=decision.expected_regret),
-            point_fit_best=cands[ranking.best] if ranking.best is not None else None,
-            n_star_90=[float(v) for v in np.asarray(n_star.n_star)[:, 0]],
-            n_star_failed_fraction=float(np.asarray(n_star.failed_fraction)[0]),
-            baselines={f.name: dict(p_best=f.p_best.tolist(), rule=f.rule) for f in baselines},
-            measured_in_data={c: v for c, v in zip(cands, t_measured) if v is not None})
+        record = forecast_target(t_name, context, previous_best=previous_best, earlier=earlier)
         targets.append(record)
-        log(f"{t_name} (M = {m:,.0f}): Bayes decision {record['bayes_decision']['draft']} "
+        log(f"{t_name} (M = {record['m_target']:,.0f}): Bayes decision {record['bayes_decision']['draft']} "
             f"(P(best) {record['bayes_decision']['p_best']:.2f}); N* 90% [{record['n_star_90'][0]:,.0f}, "
             f"{record['n_star_90'][2]:,.0f}]")
         # The baselines of the next target see only what is measured: this target's best among measured drafts.
-        known = {c: v for c, v in zip(cands, t_measured) if v is not None}
+        known = record["measured_in_data"]
         if known:
             best = max(known, key=known.get)
             previous_best = sizes[best]
-            earlier.append((m, sizes[best]))
+            earlier.append((record["m_target"], sizes[best]))
     diagnostics = {k: v._asdict() for k, v in posterior.diagnostics.items()}
     return dict(
         held_back=[dict(name=r.name, n_params=int(sizes[r.name]), role=r.note) for r in held_back],
@@ -181,174 +129,6 @@ def predict(args, log: Log) -> dict:
                     draws=args.draws, decision="the candidate with the highest posterior-expected T",
                     bands="posterior-predictive, 5%/50%/95%"),
         diagnostics=diagnostics, targets=targets)
-
-
-def write_markdown(path: str, record: dict) -> None:
-    from sdsl_jax.store import write_text
-
-    lines = ["# Preregistered prediction: the factorial ladder's held-back models", "",
-             f"Made by `{record['command']}` at commit `{record['commit']}` on {record['date']}, before any "
-             "held-back model was trained. Held back: "
-             + ", ".join(f"{h['name']} ({h['n_params']:,} parameters: {h['role']})" for h in record["held_back"]) + ".",
-             "", "Posterior diagnostics: " + "; ".join(
-                 f"{k} {'OK' if v['ok'] else 'FAILED (' + ', '.join(v['problems']) + ')'}"
-                 for k, v in record["diagnostics"].items()), ""]
-    for t in record["targets"]:
-        lines += [f"## Target {t['target']} (M = {t['m_target']:,.0f}{', held back' if t['held_back_target'] else ''})",
-                  "", f"Bayes decision: **{t['bayes_decision']['draft']}** (P(best) {t['bayes_decision']['p_best']:.2f}, "
-                  f"expected regret {t['bayes_decision']['expected_regret']:.3f}); N* 90% "
-                  f"[{t['n_star_90'][0]:,.0f}, {t['n_star_90'][2]:,.0f}] (median {t['n_star_90'][1]:,.0f}).", "",
-                  "| candidate | N | P(best) | T per GFLOP, median [90%] | alpha, median [90%] | "
-                  + " | ".join(t["baselines"]) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(t["baselines"])]
-        for j, c in enumerate(t["candidates"]):
-            tq, aq = c["tokens_per_flop_90"], c["alpha_90"]
-            fmt_t = (f"{tq[1] * 1e9:.4g} [{tq[0] * 1e9:.4g}, {tq[2] * 1e9:.4g}]" if tq[1] is not None else "n/a")
-            fmt_a = (f"{aq[1]:.3f} [{aq[0]:.3f}, {aq[2]:.3f}]" if aq[1] is not None else "n/a")
-            lines.append(f"| {c['name']}{' (held back)' if c['held_back'] else ''} | {c['n_params']:,.0f} | "
-                         f"{c['p_best']:.2f} | {fmt_t} | {fmt_a} | "
-                         + " | ".join(f"{b['p_best'][j]:.2f}" for b in t["baselines"].values()) + " |")
-        lines.append("")
-    write_text(path, "\n".join(lines))
-
-
-def _inside(value: float, band) -> bool | None:
-    if value is None or band is None or band[0] is None or band[2] is None:
-        return None
-    return bool(band[0] <= value <= band[2])
-
-
-def score(predictions: dict, pairs) -> dict:
-    """Score a registered prediction against acceptance measurements that include its held-back models.
-
-    Args:
-      predictions: the registered ``predictions.json``, as it stands.
-      pairs: :class:`sdsl_jax.data.AcceptanceMeasurements` with models named ``<rung>@<steps>``.
-
-    Returns:
-      ``targets`` (one record per registered target), ``summary`` (totals over the targets that
-      involve a held-back model and over the others) and ``unmeasured`` (registered pairs without a
-      measurement, which are left out of the scores).
-    """
-    from sdsl_jax.forecast import forecast_scores
-
-    measured = measured_throughput(pairs, predictions["data"]["top_budget_tokens"])
-    held = {h["name"] for h in predictions["held_back"]}
-    targets, unmeasured = [], []
-    for t in predictions["targets"]:
-        names = [c["name"] for c in t["candidates"]]
-        new_target = t["target"] in held or any(c in held for c in names)
-        pairs_scored = []
-        for c in t["candidates"]:
-            got = measured.get((c["name"], t["target"]))
-            if got is None:
-                unmeasured.append(f"{c['name']} -> {t['target']}")
-                continue
-            pairs_scored.append(dict(
-                draft=c["name"], new=t["target"] in held or c["held_back"], alpha=got["alpha"],
-                tokens_per_flop=got["throughput"], alpha_in_90=_inside(got["alpha"], c["alpha_90"]),
-                tokens_per_flop_in_90=_inside(got["throughput"], c["tokens_per_flop_90"]),
-                alpha_90=c["alpha_90"], tokens_per_flop_90=c["tokens_per_flop_90"]))
-        record = dict(target=t["target"], m_target=t["m_target"], new=new_target, pairs=pairs_scored)
-        if len(pairs_scored) == len(names):
-            tm = np.array([p["tokens_per_flop"] for p in pairs_scored])
-            best = int(np.argmax(tm))
-            forecasts = {"method": [c["p_best"] for c in t["candidates"]],
-                         **{k: v["p_best"] for k, v in t["baselines"].items()}}
-            record.update(
-                measured_best=names[best], measured_best_n=t["candidates"][best]["n_params"],
-                bayes_decision=t["bayes_decision"]["draft"],
-                bayes_decision_regret=float(1.0 - tm[names.index(t["bayes_decision"]["draft"])] / tm[best]),
-                point_fit_best=t["point_fit_best"],
-                point_fit_regret=(float(1.0 - tm[names.index(t["point_fit_best"])] / tm[best])
-                                  if t["point_fit_best"] in names else None),
-                n_star_90=t["n_star_90"],
-                measured_best_vs_n_star=("inside" if _inside(t["candidates"][best]["n_params"], t["n_star_90"])
-                                         else "below" if t["candidates"][best]["n_params"] < t["n_star_90"][0]
-                                         else "above"),
-                informative=len(names) > 1,
-                scores={k: forecast_scores(p, tm)._asdict() for k, p in forecasts.items()})
-        targets.append(record)
-
-    def forecast_totals(subset):
-        scored = [r for r in subset if "scores" in r]
-        out = dict(targets=[r["target"] for r in scored])
-        if scored:
-            out["forecasts"] = {k: dict(log_score=float(sum(r["scores"][k]["log_score"] for r in scored)),
-                                        brier=float(np.mean([r["scores"][k]["brier"] for r in scored])),
-                                        regret=float(np.mean([r["scores"][k]["regret"] for r in scored])))
-                                for k in scored[0]["scores"]}
-            out["bayes_decision_regret"] = float(np.mean([r["bayes_decision_regret"] for r in scored]))
-            out["measured_best_inside_n_star_90"] = int(sum(r["measured_best_vs_n_star"] == "inside" for r in scored))
-        return out
-
-    def coverage(new: bool):
-        out = {}
-        for kind in ("alpha", "tokens_per_flop"):
-            hits = [p[f"{kind}_in_90"] for r in targets for p in r["pairs"]
-                    if p["new"] == new and p[f"{kind}_in_90"] is not None]
-            out[f"{kind}_coverage_90"] = dict(inside=int(sum(hits)), pairs=len(hits))
-        return out
-
-    summary = dict(held_back_forecasts=forecast_totals([r for r in targets if r["new"]]),
-                   in_sample_forecasts=forecast_totals([r for r in targets if not r["new"]]),
-                   held_back_pairs=coverage(True), in_sample_pairs=coverage(False))
-    return dict(targets=targets, summary=summary, unmeasured=unmeasured)
-
-
-def write_score_markdown(path: str, record: dict) -> None:
-    from sdsl_jax.store import write_text
-
-    def fmt_log(v):
-        return "-inf" if v == -np.inf else f"{v:.3f}"
-
-    s = record["summary"]
-    lines = ["# The preregistered prediction, scored", "",
-             f"Scored by `{record['command']}` at commit `{record['commit']}` on {record['date']}, against "
-             f"`{record['data']['acceptance']}` (sha256 {record['data']['acceptance_sha256'][:12]}), which holds the "
-             f"held-back models. The prediction: `{record['predictions']}` (sha256 {record['predictions_sha256'][:12]}), "
-             f"registered at commit `{record['registered_commit']}`.", ""]
-    for key, title in (("held_back_forecasts", "Targets that involve a held-back model (the test)"),
-                       ("in_sample_forecasts", "The other targets (in-sample: their pairs were fitted)")):
-        part = s[key]
-        lines += [f"## {title}", "", f"Targets: {', '.join(part['targets']) or 'none'}.", ""]
-        if "forecasts" in part:
-            lines += ["| forecast | log score (sum) | Brier (mean) | regret of its most probable draft (mean) |",
-                      "|---|---|---|---|"]
-            lines += [f"| {k} | {fmt_log(v['log_score'])} | {v['brier']:.3f} | {100 * v['regret']:.1f}% |"
-                      for k, v in part["forecasts"].items()]
-            lines += ["", f"Bayes decision's regret (mean): {100 * part['bayes_decision_regret']:.1f}%. Measured best "
-                      f"draft inside the 90% N* band: {part['measured_best_inside_n_star_90']} of "
-                      f"{len(part['targets'])} targets.", ""]
-    for key, title in (("held_back_pairs", "pairs with a held-back model"), ("in_sample_pairs", "in-sample pairs")):
-        part = s[key]
-        lines.append(f"Coverage of the 90% bands, {title}: alpha {part['alpha_coverage_90']['inside']}/"
-                     f"{part['alpha_coverage_90']['pairs']}, T {part['tokens_per_flop_coverage_90']['inside']}/"
-                     f"{part['tokens_per_flop_coverage_90']['pairs']}.")
-    lines.append("")
-    if record["unmeasured"]:
-        lines += [f"Registered pairs without a measurement (left out): {', '.join(record['unmeasured'])}.", ""]
-    lines += ["## Per target", ""]
-    for t in record["targets"]:
-        head = f"### {t['target']} (M = {t['m_target']:,.0f}{', involves a held-back model' if t['new'] else ''})"
-        lines += [head, ""]
-        if "scores" in t:
-            lines += [f"Measured best: **{t['measured_best']}**; Bayes decision {t['bayes_decision']} (regret "
-                      f"{100 * t['bayes_decision_regret']:.1f}%); point fit's pick {t['point_fit_best']}; measured best "
-                      f"N = {t['measured_best_n']:,.0f} is {t['measured_best_vs_n_star']} the N* band "
-                      f"[{t['n_star_90'][0]:,.0f}, {t['n_star_90'][2]:,.0f}]"
-                      + ("" if t["informative"] else " (one candidate: nothing to forecast)") + ".", "",
-                      "Log scores: " + ", ".join(f"{k} {fmt_log(v['log_score'])}" for k, v in t["scores"].items()) + ".",
-                      ""]
-        lines += ["| draft | alpha measured | alpha 90% band | T per GFLOP measured | T 90% band |", "|---|---|---|---|---|"]
-        for p in t["pairs"]:
-            a, tq = p["alpha_90"], p["tokens_per_flop_90"]
-            lines.append(f"| {p['draft']}{' (new)' if p['new'] else ''} | {p['alpha']:.3f}"
-                         f"{'' if p['alpha_in_90'] else ' (outside)'} | [{a[0]:.3f}, {a[2]:.3f}] | "
-                         f"{p['tokens_per_flop'] * 1e9:.4g}{'' if p['tokens_per_flop_in_90'] else ' (outside)'} | "
-                         f"[{tq[0] * 1e9:.4g}, {tq[2] * 1e9:.4g}] |")
-        lines.append("")
-    write_text(path, "\n".join(lines))
 
 
 def _score(args, argv, log: Log) -> int:
@@ -373,7 +153,7 @@ def _score(args, argv, log: Log) -> int:
                   data=dict(acceptance=os.path.join(args.data, "acceptance.csv"),
                             acceptance_sha256=sha256(os.path.join(args.data, "acceptance.csv"))), **result)
     write_json(os.path.join(args.out, "score.json"), record)
-    write_score_markdown(os.path.join(args.out, "score.md"), record)
+    write_text(os.path.join(args.out, "score.md"), score_markdown(record))
     part = result["summary"]["held_back_forecasts"]
     if "forecasts" in part:
         log("held-back targets " + ", ".join(part["targets"]) + ": log score "
@@ -400,7 +180,7 @@ def _preregister(args, argv) -> int:
     record = dict(**run_header("experiments.preregister", argv), commit=_commit(), seed=args.seed, **record)
     out = make_output_folder(args.out)
     write_json(os.path.join(out, "predictions.json"), record)
-    write_markdown(os.path.join(out, "predictions.md"), record)
+    write_text(os.path.join(out, "predictions.md"), prediction_markdown(record))
     log(f"wrote {out}/predictions.json and predictions.md")
     return 0
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import math
 import os
 import platform
 import signal
@@ -26,7 +24,29 @@ from importlib import metadata
 from typing import Callable
 
 from sdsl_jax.data import DataError
-from sdsl_jax.store import StoreError, WriteError, remove_partial_writes, write_text
+from sdsl_jax.runtime import COMPILE_CACHE_ENV, configure_jax, default_compile_cache
+from sdsl_jax.store import (StoreError, WriteError, append_stage_line, read_stage_lines, remove_partial_writes, write_json,
+                            write_text)
+
+# The stage lines and JSON writing live in sdsl_jax.store, the JAX settings in sdsl_jax.runtime; the commands
+# take them from here with the rest.
+__all__ = [
+    "UsageError",
+    "Log",
+    "sha256",
+    "run_header",
+    "versions",
+    "check_arguments",
+    "read_stage_lines",
+    "append_stage_line",
+    "make_output_folder",
+    "default_compile_cache",
+    "configure_jax",
+    "run_command",
+    "COMPILE_CACHE_ENV",
+    "write_json",
+    "write_text",
+]
 
 
 class UsageError(Exception):
@@ -118,29 +138,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _finite_or_none(obj):
-    """NaN and infinities as None (JSON null), recursively: strict JSON parsers reject NaN."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    return obj
-
-
-def write_json(path: str, obj, *, strict: bool = False) -> None:
-    """Write ``obj`` as JSON atomically (:func:`sdsl_jax.store.atomic_write`).
-
-    ``strict=True`` writes standard JSON: NaN and infinities become null (each summary records the
-    status that says why a value is missing).
-    """
-    if strict:
-        obj = _finite_or_none(obj)
-    text = json.dumps(obj, indent=2, allow_nan=not strict) + "\n"
-    write_text(path, text)
-
-
 def check_arguments(args, *, at_least_one: tuple[str, ...] = (), out: str | None = None) -> None:
     """The checks every command makes before any work: each named count at least 1, and an ``--out``
     that is a folder or does not exist yet (UsageError naming the flag)."""
@@ -149,39 +146,6 @@ def check_arguments(args, *, at_least_one: tuple[str, ...] = (), out: str | None
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if out and os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out} exists and is not a folder")
-
-
-def read_stage_lines(path: str, warn: Callable[[str], None] | None = None) -> list[dict]:
-    """The finished units of a JSON-lines stage file (one unit a line, appended as each ends).
-
-    A line that does not parse is the unit that was being written when a run was killed: it is
-    skipped, with one warning, and recomputed. A missing file holds no units.
-    """
-    if not os.path.exists(path):
-        return []
-    units = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                units.append(json.loads(line))
-            except json.JSONDecodeError:
-                if warn is not None:
-                    warn(f"{path}:{number}: an unfinished stage line (a run killed while writing it); recomputing it")
-    return units
-
-
-def append_stage_line(path: str, unit: dict) -> None:
-    """Append one finished unit to a JSON-lines stage file, flushed to disk before returning."""
-    line = json.dumps(unit) + "\n"
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        raise WriteError(path, err.strerror or str(err)) from None
 
 
 def make_output_folder(path: str, flag: str = "--out") -> str:
@@ -198,54 +162,6 @@ def make_output_folder(path: str, flag: str = "--out") -> str:
     except OSError as err:
         raise WriteError(path, err.strerror or str(err)) from None
     return path
-
-
-COMPILE_CACHE_ENV = "SDSL_JAX_COMPILE_CACHE"
-"""Environment variable: the compilation-cache folder of the CLIs, or ``off``."""
-
-
-def default_compile_cache() -> str | None:
-    """``$SDSL_JAX_COMPILE_CACHE`` (``off`` disables it), else ``$XDG_CACHE_HOME/sdsl-jax/xla``
-    (``~/.cache/sdsl-jax/xla``)."""
-    value = os.environ.get(COMPILE_CACHE_ENV)
-    if value is not None:
-        return None if value.strip().lower() in ("", "off", "0", "none") else value
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sdsl-jax", "xla")
-
-
-_DEFAULT = object()
-
-
-def configure_jax(*, devices: int = 4, compile_cache=_DEFAULT) -> None:
-    """Process-wide JAX settings of the CLIs, made in ``main`` (never at import).
-
-    ``devices`` CPU devices let NUTS run its chains in parallel; the flag only takes effect when
-    JAX has not started its backends yet (as in a fresh ``python -m``). Float64 is needed by the
-    Huber fit and N*. ``compile_cache`` is JAX's persistent compilation cache folder (default
-    :func:`default_compile_cache`; None: off): a second run of the same command loads its
-    compiled programs instead of compiling them again.
-    """
-    import jax
-
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + f" --xla_force_host_platform_device_count={devices}").strip()
-    jax.config.update("jax_enable_x64", True)
-    folder = default_compile_cache() if compile_cache is _DEFAULT else compile_cache
-    if folder:
-        try:  # the cache is optional: a folder that cannot be written turns it off, with one line
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as err:
-            print(f"warning: compilation cache {folder} cannot be used ({err.strerror or err}); running without it "
-                  f"(set {COMPILE_CACHE_ENV}=off to silence this)", file=sys.stderr)
-            return
-        jax.config.update("jax_compilation_cache_dir", folder)
-        # Only programs worth caching: tiny ones cost more to look up than to compile.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def run_command(body: Callable[[], int], kept: str) -> int:

@@ -8,11 +8,13 @@ The chain the paper is about, each link one module with one protocol:
     -> gamma*, T*           sdsl_jax.speculative, sdsl_jax.costs.best_lookahead
     -> N*                   sdsl_jax.optimum     (for any draft recipe, sdsl_jax.recipes)
 
-composed by :mod:`sdsl_jax.objective` and solved by :func:`solve_draft_size`; fitted and sampled
-by :mod:`sdsl_jax.fitting` and :mod:`sdsl_jax.bayes`, and run end to end by
-:mod:`sdsl_jax.pipeline`. The public API is re-exported here; the NumPyro models
-(``sdsl_jax.bayes``), the pipeline and the Flax model and decoding engine (``sdsl_jax.model``,
-``sdsl_jax.decoding``) are imported on demand, as submodules, to keep this import light.
+composed by :mod:`sdsl_jax.objective` and solved by :func:`solve_draft_size`; fitted (point fits
+and NumPyro posteriors) by :mod:`sdsl_jax.infer`, turned into predictions by
+:mod:`sdsl_jax.predict`, forms compared by :mod:`sdsl_jax.compare`, and run end to end by
+:mod:`sdsl_jax.pipeline`. The public API is re-exported here; the NumPyro side of
+``sdsl_jax.infer``, the predictions, the pipeline and the Flax model and decoding engine
+(``sdsl_jax.lm.model``, ``sdsl_jax.lm.decoding``) are imported on demand, as submodules, to keep this
+import light.
 """
 
 from sdsl_jax.assumptions import (
@@ -56,7 +58,7 @@ from sdsl_jax.costs import (
     throughput_under,
 )
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, save_acceptance, save_pretraining
-from sdsl_jax.fitting import (IdentifiabilityError, check_acceptance_data, check_loss_law_data, fit_acceptance_plane,
+from sdsl_jax.infer.point import (IdentifiabilityError, check_acceptance_data, check_loss_law_data, fit_acceptance_plane,
                               fit_loss_law, fit_multistart)
 from sdsl_jax.lambertw import lambertw, lambertw_m1_log
 from sdsl_jax.loss_laws import (

@@ -2,7 +2,7 @@
 
 A forecast for one target is a probability over its candidate drafts of being the best (the
 highest measured tokens per FLOP). The method's comes from posterior-predictive draws of each
-candidate's T (:func:`sdsl_jax.pipeline.throughput_draws`); the baselines' from rules a lab could
+candidate's T (:func:`sdsl_jax.predict.ranking.throughput_draws`); the baselines' from rules a lab could
 apply without any fit. Each is scored, once the candidates are measured, by the log score and
 the Brier score of the measured best and by the regret of acting on it.
 

@@ -29,7 +29,7 @@ from jax.typing import ArrayLike
 
 from sdsl_jax.costs import LatencyCost
 
-__all__ = ["FORMS", "HELD_OUT_TOKENS", "held_out_tokens_for", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
+__all__ = ["fit_latency_file", "FORMS", "HELD_OUT_TOKENS", "held_out_tokens_for", "LatencyFit", "cost_from_coef", "fit_latency_cost", "held_out_error", "latency_cost_draws",
            "predict_seconds", "select_form", "fit_loop_overheads", "fit_latency_table", "MeasuredLatency",
            "fit_measured_latency"]
 
@@ -358,3 +358,17 @@ def fit_measured_latency(table, *, batch: int = 1) -> MeasuredLatency:
                             iteration_seconds=iteration.seconds_median)
         cost = cost._replace(iteration=o["iteration"], draft_step_overhead=o["draft_step"], alone=o["alone"])
     return cost
+
+
+def fit_latency_file(path: str, batch: int):
+    """The latency model of the ``sdsl-latency v1`` file ``path`` at ``batch`` (its form chosen by held-out
+    error) and the call rows it was fitted to; a :class:`~sdsl_jax.data.DataError` names a bad file."""
+    from sdsl_jax.data import DataError, load_latency
+
+    table = load_latency(path)
+    try:
+        fit = fit_latency_table(table, batch=batch)
+    except ValueError as err:
+        raise DataError(path, None, None, f"cannot fit a latency model: {err}") from None
+    calls = table.of_kind("call")
+    return fit, calls.select(calls.batch == batch)

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from sdsl_jax._arrays import as_float
 
-__all__ = ["FixedTokens", "TokensPerParameter", "FixedCompute", "as_recipe"]
+__all__ = ["FixedTokens", "TokensPerParameter", "FixedCompute", "as_recipe", "RECIPES", "parse_recipe"]
 
 
 class FixedTokens(NamedTuple):
@@ -61,3 +62,25 @@ def as_recipe(d_draft=None, recipe=None):
     if (d_draft is None) == (recipe is None):
         raise ValueError("give exactly one of d_draft (a fixed draft budget) and recipe")
     return FixedTokens(d_draft) if recipe is None else recipe
+
+
+RECIPES = "fixed (every draft trained on --d-draft tokens; the paper's), tokens-per-param=RHO (D = RHO N), " \
+          "compute=C (D = C / (6 N))"
+"""The recipe specs :func:`parse_recipe` reads (the ``--recipe`` of ``experiments.fit``)."""
+
+
+def parse_recipe(spec: str, d_draft: float):
+    """``fixed`` | ``tokens-per-param=RHO`` | ``compute=C`` -> a recipe (``fixed``: every draft on ``d_draft``
+    tokens); a ValueError says what is wrong with ``spec``."""
+    name, _, value = spec.partition("=")
+    if name == "fixed" and not value:
+        return FixedTokens(d_draft)
+    if name in ("tokens-per-param", "compute") and value:
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--recipe {spec}: {value!r} is not a number") from None
+        if not (np.isfinite(number) and number > 0):
+            raise ValueError(f"--recipe {spec}: the value must be a positive finite number")
+        return TokensPerParameter(number) if name == "tokens-per-param" else FixedCompute(number)
+    raise ValueError(f"--recipe {spec!r} is not one of: {RECIPES}")

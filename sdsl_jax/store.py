@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 import threading
@@ -31,6 +32,10 @@ __all__ = [
     "StoreError",
     "atomic_write",
     "write_text",
+    "write_json",
+    "finite_or_none",
+    "read_stage_lines",
+    "append_stage_line",
     "remove_partial_writes",
     "content_digest",
     "StageStore",
@@ -251,21 +256,78 @@ class StageStore:
         Returns:
           ``(run, reused)``.
         """
-        from sdsl_jax import bayes
+        from sdsl_jax import infer
+        from sdsl_jax.infer.sampler import az
 
         nc_path = os.path.join(self.folder, name + ".nc")
         cached = self.load(name)
         if cached is not None and os.path.exists(nc_path):
             try:
                 samples = {k[2:]: v for k, v in cached.items() if k.startswith("s_")}
-                diagnostics = bayes.Diagnostics(**json.loads(str(cached["diagnostics"])))
-                idata = bayes.az.from_netcdf(nc_path)
+                diagnostics = infer.Diagnostics(**json.loads(str(cached["diagnostics"])))
+                idata = az.from_netcdf(nc_path)
                 idata.posterior.load()  # read now: a truncated file fails here, not later
-                return bayes.PosteriorRun(samples, idata, diagnostics), True
+                return infer.PosteriorRun(samples, idata, diagnostics), True
             except Exception as err:  # noqa: BLE001 - any unreadable stage is recomputed
                 self._discard(name, [nc_path, os.path.join(self.dir, name + ".npz")], err)
         run_ = sample()
-        bayes.save_inference_data(run_.inference_data, nc_path)
+        infer.save_inference_data(run_.inference_data, nc_path)
         self.save(name, diagnostics=json.dumps(run_.diagnostics._asdict()),
                   **{f"s_{k}": v for k, v in run_.samples.items()})
         return run_, False
+
+
+def finite_or_none(obj):
+    """NaN and infinities as None (JSON null), recursively: strict JSON parsers reject NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
+def write_json(path: str, obj, *, strict: bool = False) -> None:
+    """Write ``obj`` as JSON atomically (:func:`sdsl_jax.store.atomic_write`).
+
+    ``strict=True`` writes standard JSON: NaN and infinities become null (each summary records the
+    status that says why a value is missing).
+    """
+    if strict:
+        obj = finite_or_none(obj)
+    text = json.dumps(obj, indent=2, allow_nan=not strict) + "\n"
+    write_text(path, text)
+
+
+def read_stage_lines(path: str, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """The finished units of a JSON-lines stage file (one unit a line, appended as each ends).
+
+    A line that does not parse is the unit that was being written when a run was killed: it is
+    skipped, with one warning, and recomputed. A missing file holds no units.
+    """
+    if not os.path.exists(path):
+        return []
+    units = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                units.append(json.loads(line))
+            except json.JSONDecodeError:
+                if warn is not None:
+                    warn(f"{path}:{number}: an unfinished stage line (a run killed while writing it); recomputing it")
+    return units
+
+
+def append_stage_line(path: str, unit: dict) -> None:
+    """Append one finished unit to a JSON-lines stage file, flushed to disk before returning."""
+    line = json.dumps(unit) + "\n"
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise WriteError(path, err.strerror or str(err)) from None

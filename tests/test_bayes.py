@@ -6,12 +6,8 @@ import numpy as np
 import pytest
 
 from sdsl_jax import HOFFMANN2022, SDSL2026, AcceptancePlane, LossLaw, optimal_draft_size
-from sdsl_jax.bayes import (
-    check_diagnostics,
-    plane_sensitivity,
-    propagate_draft_size,
-    sample_plane,
-)
+from sdsl_jax.infer import check_diagnostics, sample_plane
+from sdsl_jax.predict import plane_sensitivity, propagate_draft_size
 
 az = pytest.importorskip("arviz")
 
@@ -110,7 +106,8 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
     every run); the draws are those of NumPyro's own loop, bit for bit."""
     import jax
 
-    from sdsl_jax import bayes
+    from sdsl_jax import infer
+    from sdsl_jax.infer import sampler
 
     rng = np.random.default_rng(3)
 
@@ -119,7 +116,7 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
         return x, y, SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.03, 30)
 
     kw = dict(num_chains=1, num_warmup=40, num_samples=40, progress_bar=False, summarize=False)
-    bayes.sample_plane(*data(), seed=0, **kw)  # compiles
+    infer.sample_plane(*data(), seed=0, **kw)  # compiles
     second = data()
     compiled = []
 
@@ -129,17 +126,17 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        reused = bayes.sample_plane(*second, seed=1, **kw)
+        reused = infer.sample_plane(*second, seed=1, **kw)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiled == []
     # The same run with NumPyro's own (recompiling) loop.
-    bayes._mcmc.cache_clear()
-    original = bayes._sampling_loop_compiled_once
-    bayes._sampling_loop_compiled_once = contextlib.nullcontext
+    sampler._mcmc.cache_clear()
+    original = sampler._sampling_loop_compiled_once
+    sampler._sampling_loop_compiled_once = contextlib.nullcontext
     try:
-        plain = bayes.sample_plane(*second, seed=1, **kw)
+        plain = infer.sample_plane(*second, seed=1, **kw)
     finally:
-        bayes._sampling_loop_compiled_once = original
+        sampler._sampling_loop_compiled_once = original
     for site in ("A", "B", "C", "sigma"):
         np.testing.assert_array_equal(reused.samples[site], plain.samples[site])

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from experiments import corpus
+from sdsl_jax.lm import corpus
 
 
 def test_corpus_sources_sizes_and_split():

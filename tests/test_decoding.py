@@ -11,8 +11,8 @@ import pytest
 import scipy.stats
 from flax import nnx
 
-from sdsl_jax.decoding import _speculative, autoregressive_generate, speculative_generate
-from sdsl_jax.model import Transformer, TransformerConfig, count_params, init_cache
+from sdsl_jax.lm.decoding import _speculative, autoregressive_generate, speculative_generate
+from sdsl_jax.lm.model import Transformer, TransformerConfig, count_params, init_cache
 
 V = 8
 
@@ -112,7 +112,7 @@ def test_bad_arguments():
 
 def test_run_summary_pools_runs_and_estimates_alpha_by_mle():
     from sdsl_jax import acceptance_from_counts
-    from sdsl_jax.decoding import summarize_runs
+    from sdsl_jax.lm.decoding import summarize_runs
 
     draft, target = models()
     gamma = 4

@@ -3,7 +3,7 @@
 The micro ladder (3 sizes x 2 budgets, seconds) is trained and measured once per session by the
 ``micro_ladder`` fixture; these tests check what its outputs must satisfy against independent
 recomputations: budgets against standalone WSD runs, exact alpha against
-``sdsl_jax.measure.exact_acceptance``, run statistics against their histograms.
+``sdsl_jax.lm.measure.exact_acceptance``, run statistics against their histograms.
 """
 
 import csv
@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 
 from experiments import closure, ladder, measure
-from experiments import train as train_module
-from experiments.corpus import load_corpus
-from sdsl_jax.measure import exact_acceptance
-from experiments.train import train
+from sdsl_jax.lm import train as train_module
+from sdsl_jax.lm.corpus import load_corpus
+from sdsl_jax.lm.measure import exact_acceptance
+from sdsl_jax.lm.train import train
 from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
-from sdsl_jax.model import TransformerConfig
+from sdsl_jax.lm import ladder as rungs
+from sdsl_jax.lm.model import TransformerConfig
+from sdsl_jax.validation import closure as closing
+from sdsl_jax.validation import forms as form_fits
 
-PRESET = ladder.PRESETS["micro"]
+PRESET = rungs.PRESETS["micro"]
 
 
 def _registry(ladder_dir):
@@ -41,7 +44,7 @@ def test_ladder_trains_every_size_at_every_budget(micro_ladder):
     assert reg["versions"]["flax"] and reg["command"].startswith("python -m experiments.ladder")
     for rung in PRESET.rungs:
         runs = sorted((m for m in reg["models"] if m["rung"] == rung.name), key=lambda m: m["n_tokens"])
-        plan = ladder.plan_rung(rung, PRESET, runs[0]["n_params"])
+        plan = rungs.plan_rung(rung, PRESET, runs[0]["n_params"])
         assert [m["budget_steps"] for m in runs] == list(plan.budgets)
         assert [m["n_tokens"] for m in runs] == [b * rung.batch_size * PRESET.seq_len for b in plan.budgets]
         # More tokens, lower held-out loss: training on real text helps at these budgets.
@@ -53,12 +56,12 @@ def test_a_budget_is_the_standalone_wsd_run_of_that_length(micro_ladder):
     """Branch k forks the plateau and decays: it must equal a WSD run of S_k steps from scratch."""
     ladder_dir, _ = micro_ladder
     rung = PRESET.rungs[0]
-    config = ladder.rung_config(rung, PRESET.seq_len)
-    plan = ladder.plan_rung(rung, PRESET, ladder.rung_n_params(rung, PRESET))
+    config = rungs.rung_config(rung, PRESET.seq_len)
+    plan = rungs.plan_rung(rung, PRESET, rungs.rung_n_params(rung, PRESET))
     budget, fork = plan.budgets[0], plan.forks[0]
-    branch = ladder.load_model(config, str(ladder_dir / rung.name / f"budget_{budget}" / "params"))
+    branch = rungs.load_model(config, str(ladder_dir / rung.name / f"budget_{budget}" / "params"))
     standalone, _ = train(config, load_corpus().train, steps=budget, batch_size=rung.batch_size,
-                          seq_len=PRESET.seq_len, peak_lr=rung.peak_lr, seed=ladder.rung_seed(rung, PRESET),
+                          seq_len=PRESET.seq_len, peak_lr=rung.peak_lr, seed=rungs.rung_seed(rung, PRESET),
                           checkpoint_dir=str(ladder_dir.parent / "standalone"), checkpoint_every=10**6,
                           warmup_steps=plan.warmup, decay_fraction=(budget - fork) / budget)
     from flax import nnx
@@ -92,7 +95,7 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_module, "shard_batch", counting)
     assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
-    plan = ladder.plan_rung(PRESET.rungs[0], PRESET, ladder.rung_n_params(PRESET.rungs[0], PRESET))
+    plan = rungs.plan_rung(PRESET.rungs[0], PRESET, rungs.rung_n_params(PRESET.rungs[0], PRESET))
     assert steps["n"] <= plan.total_steps - 20  # resumed, not restarted
     clean, killed = _registry(tmp_path / "clean"), _registry(tmp_path / "killed")
     for a, b in zip(clean["models"], killed["models"]):
@@ -130,8 +133,8 @@ def test_exact_alpha_matches_an_independent_recomputation(micro_ladder):
     models = {}
     for name in (pair["draft"], pair["target"]):
         rec = next(m for m in reg["models"] if m["name"] == name)
-        models[name] = ladder.load_model(TransformerConfig(**rec["config"]), str(ladder_dir / rec["params_path"]))
-    evaluation = ladder.EvalText(load_corpus().test, length=PRESET.seq_len, count=PRESET.eval_windows)
+        models[name] = rungs.load_model(TransformerConfig(**rec["config"]), str(ladder_dir / rec["params_path"]))
+    evaluation = rungs.EvalText(load_corpus().test, length=PRESET.seq_len, count=PRESET.eval_windows)
     expected = exact_acceptance(models[pair["draft"]], models[pair["target"]], evaluation.heldout)
     assert float(pair["alpha_heldout"]) == pytest.approx(expected, rel=1e-5)
     greedy = exact_acceptance(models[pair["draft"]], models[pair["target"]], evaluation.hellaswag, temperature=0)
@@ -218,8 +221,8 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     """
     _, measure_dir = micro_ladder
     fitted = []
-    fit_forms = closure.fit_forms
-    monkeypatch.setattr(closure, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
+    fit_forms = form_fits.fit_forms
+    monkeypatch.setattr(form_fits, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
                          "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
                          "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure"]) == 0
@@ -240,12 +243,12 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     assert all(rec["lead_form"] == lead for rec in result["targets"])
     assert "Stacked forms" in (tmp_path / "closure.md").read_text()
     # Every finished fit was kept: rerun with --resume, nothing is fitted or sampled again.
-    from sdsl_jax import bayes, pipeline
+    from sdsl_jax import pipeline
 
     def refuse(*args, **kwargs):
         raise AssertionError("refitted on --resume")
 
-    for module, name in ((bayes, "sample_loss_law"), (bayes, "sample_plane"), (pipeline, "fit_loss_law")):
+    for module, name in ((pipeline, "sample_loss_law"), (pipeline, "sample_plane"), (pipeline, "fit_loss_law")):
         monkeypatch.setattr(module, name, refuse)
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
                          "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
@@ -257,10 +260,10 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     runs, pairs = load_pretraining(measure_dir / "pretraining.csv"), load_acceptance(measure_dir / "acceptance.csv")
     spec = load_speculative(measure_dir / "speculative.csv")
     forms = fitted[0][0]  # what the CLI fitted
-    records = closure.close_loop(spec, forms[0].point, draws=forms[0].draws, scales=forms[0].scales, runs=runs,
+    records = closing.close_loop(spec, forms[0].point, draws=forms[0].draws, scales=forms[0].scales, runs=runs,
                                  pairs=pairs)
-    closure.stack_records(records, forms)
-    closure.add_prospective(records, {float(v): forms for v in spec.n_draft})
+    form_fits.stack_records(records, forms)
+    form_fits.add_prospective(records, {float(v): forms for v in spec.n_draft})
     for rec in records:
         np.testing.assert_allclose(rec["prospective_p_best"], rec["p_best"])
         np.testing.assert_allclose(rec["prospective_tokens_per_flop"], rec["predicted_tokens_per_flop"])
@@ -364,19 +367,19 @@ def test_wallclock_closure_on_the_micro_ladder(micro_ladder, tmp_path):
 
 
 def test_a_point_outside_its_band_is_flagged_and_nan_is_not():
-    assert closure.outside_band(25e3, [14.7, 300.0, 2.85e3])
-    assert not closure.outside_band(1e3, [14.7, 300.0, 2.85e3])
-    assert not closure.outside_band(float("nan"), [1.0, 2.0, 3.0])
-    assert not closure.outside_band(5.0, [float("nan"), 2.0, 3.0]) and not closure.outside_band(5.0, None)
+    assert closing.outside_band(25e3, [14.7, 300.0, 2.85e3])
+    assert not closing.outside_band(1e3, [14.7, 300.0, 2.85e3])
+    assert not closing.outside_band(float("nan"), [1.0, 2.0, 3.0])
+    assert not closing.outside_band(5.0, [float("nan"), 2.0, 3.0]) and not closing.outside_band(5.0, None)
 
 
 def test_failed_posteriors_are_listed_with_the_weight_of_their_form():
     ok = dict(ok=True, max_rhat=1.001, min_ess_bulk=900, num_divergences=0)
     bad = dict(ok=False, max_rhat=1.114, min_ess_bulk=24, num_divergences=0)
-    lines = closure.failed_diagnostics(
+    lines = closing.failed_diagnostics(
         {"broken": ok, "plane": ok}, {"24832": dict(forms={"broken + log-plane": 0.86, "broken + plane": 0.14},
                                                    diagnostics={"broken": bad, "plane": ok})},
         {"forms": {"broken + log-plane": 1.0}})
     assert lines == ["without N = 24832: broken (R-hat 1.114, ESS 24, 0 divergent, weight 1.00)"]
-    assert closure.failed_diagnostics({"loss_law": bad}, None, None) == \
+    assert closing.failed_diagnostics({"loss_law": bad}, None, None) == \
         ["all data: loss_law (R-hat 1.114, ESS 24, 0 divergent)"]

@@ -1,5 +1,6 @@
-"""Extending the chain without touching the library: a new loss-law family and a new cost model,
-each defined in this file alone and run through the pipeline (point fit, posterior, N* bands)."""
+"""Extending the chain without touching the library: a new loss-law family, a new cost model and a
+new acceptance model, each defined in this file alone and run through the pipeline (point fit,
+posterior, N* bands, ranking, stacking)."""
 
 import itertools
 from typing import NamedTuple
@@ -11,8 +12,8 @@ import pytest
 import sdsl_jax as sd
 from experiments.numpy_reference import argmax_on_log_grid
 from sdsl_jax import pipeline
-from sdsl_jax.data import PretrainingRuns
-from sdsl_jax.fitting import huber_objective
+from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
+from sdsl_jax.infer.point import huber_objective
 
 
 # ---- A new loss-law family: Chinchilla with one exponent shared by N and D (30 lines). ----------
@@ -59,6 +60,27 @@ class QuadraticVerification(NamedTuple):
         return self.flops_per_param * m * (1.0 + self.crowding * k**2)
 
 
+# ---- A new acceptance model: alpha falls with the loss gap between draft and target. ------------
+class GapPlane(NamedTuple):
+    """``alpha = A (ln x - ln y) + B ln y + C``: the draft's excess loss over the target, and the target's loss."""
+
+    A: float
+    B: float
+    C: float
+    link = "identity"
+
+    def rate(self, ppl_draft, ppl_target):
+        lx, ly = jnp.log(jnp.asarray(ppl_draft)), jnp.log(jnp.asarray(ppl_target))
+        return self.A * (lx - ly) + self.B * ly + self.C
+
+    predictor = rate
+
+
+GAP = sd.AcceptanceModel("gap-plane", GapPlane, lambda x, y: (jnp.log(x) - jnp.log(y), jnp.log(y)),
+                         "alpha = A (ln x - ln y) + B ln y + C")
+TRUE_GAP = GapPlane(A=-0.9, B=-0.05, C=0.85)
+
+
 TRUE_SHARED = SharedExponentLaw(E=1.8, A=400.0, B=1500.0, alpha=0.33)
 
 
@@ -91,7 +113,7 @@ def test_a_new_loss_law_family_runs_through_the_pipeline(extended_run):
     np.testing.assert_allclose(point.law.alpha, TRUE_SHARED.alpha, rtol=0.15)
     np.testing.assert_allclose(point.law.E, TRUE_SHARED.E, rtol=0.1)
     assert posterior.law_run.samples["alpha"].shape == (240,)
-    assert set(posterior.diagnostics) == {"loss_law"}  # no acceptance data: the paper's plane, fixed
+    assert posterior.diagnostics.plane is None and [name for name, _ in posterior.diagnostics.items()] == ["loss_law"]  # the paper's plane, fixed
     assert isinstance(posterior.laws, SharedExponentLaw) and np.shape(posterior.laws.E) == (240,)
     named, bands = extended_run.prediction.named, extended_run.prediction.target_bands
     assert np.all(np.asarray(named.status) == sd.SolveStatus.SUCCESS)
@@ -169,13 +191,65 @@ def test_numerical_lookahead_gradient_matches_finite_differences():
     assert np.isnan(sd.best_lookahead(cost, 1.2, 1e8, 3e10).gamma)
 
 
+def gap_pairs(law, *, seed=2, sigma=0.01):
+    """Every (draft, target) pair of eight model sizes, their perplexities from ``law`` and alpha from
+    :data:`TRUE_GAP` with a little noise."""
+    rng = np.random.default_rng(seed)
+    sizes, d = np.geomspace(7e7, 1.6e10, 8), 1e12
+    pairs = [(i, j) for j in range(len(sizes)) for i in range(j)]
+    n, m = sizes[[i for i, _ in pairs]], sizes[[j for _, j in pairs]]
+    x, y = np.exp(np.asarray(law.loss(n, d))), np.exp(np.asarray(law.loss(m, d)))
+    alpha = np.clip(np.asarray(TRUE_GAP.rate(x, y)) + rng.normal(0.0, sigma, len(pairs)), 0.01, 0.99)
+    nan = np.full(len(pairs), np.nan)
+    return AcceptanceMeasurements(
+        draft=tuple(f"d{i}" for i, _ in pairs), target=tuple(f"t{j}" for _, j in pairs), n_draft=n, n_target=m,
+        d_draft=np.full(len(pairs), d), d_target=np.full(len(pairs), d), ppl_draft=x, ppl_target=y, alpha=alpha,
+        gamma=nan, n_iterations=nan, accepted=nan, weight=nan, temperature=np.ones(len(pairs)),
+        source=(None,) * len(pairs))
+
+
+def test_a_new_acceptance_model_runs_through_the_pipeline_ranking_and_stacking(extended_run):
+    """The acceptance model of this file, on pairs of models of this file's loss law: its point fit and
+    posterior (beside the law's posterior of the extended run), P(best) from both, and stacking
+    against the paper's plane."""
+    from sdsl_jax import compare, predict
+
+    runs, pairs = synthetic_runs(TRUE_SHARED), gap_pairs(TRUE_SHARED)
+    base = extended_run.point
+    point = pipeline.fit_point(runs, pairs, family=SHARED, acceptance_model=GAP, starts=SHARED.start_grid)
+    assert isinstance(point.plane, GapPlane) and point.plane_fitted and point.plane_r_squared > 0.9
+    np.testing.assert_allclose(point.plane, TRUE_GAP, atol=0.05)
+    np.testing.assert_allclose(point.theta, base.theta)  # the same law: only the acceptance model is new
+    kw = dict(law_run=extended_run.posterior.law_run, num_chains=2, num_warmup=150, num_samples=150, seed=3,
+              model_effects=False)
+    posterior = pipeline.sample_posterior(runs, pairs, point, **kw)
+    assert isinstance(posterior.planes, GapPlane) and posterior.planes.A.shape == (300,)
+    assert posterior.diagnostics.plane is not None
+    for k in ("A", "B", "C"):  # the posterior covers the truth
+        lo, hi = np.quantile(posterior.plane_run.samples[k], [0.005, 0.995])
+        assert lo <= getattr(TRUE_GAP, k) <= hi, k
+    draws = predict.paired_draws(posterior, count=200)
+    ranking = predict.rank_drafts(point, n_drafts=np.array([1e8, 1e9, 5e9]), d_drafts=np.full(3, 1e12),
+                                  m_target=7e10, d_target=1e12, draws=draws,
+                                  scales=predict.predictive_scales(posterior, count=200))
+    assert np.isclose(ranking.p_best.sum(), 1.0) and ranking.best is not None
+    bands = predict.propagate_draft_size(np.array([7e10]), draws[0], draws[1], d_draft=1e12, d_target=1e12)
+    assert np.isfinite(np.asarray(bands.n_star)).all()
+    # Compared with the paper's plane on the same pairs, the model the data came from carries the weight.
+    plane_post = pipeline.sample_posterior(runs, pairs, point._replace(acceptance_model=sd.PLANE), **kw)
+    weights = compare.acceptance_stacking_weights(pairs, {"gap-plane": posterior.plane_run,
+                                                          "plane": plane_post.plane_run},
+                                                  models={"gap-plane": GAP, "plane": sd.PLANE})
+    assert dict(zip(weights.names, weights.weights))["gap-plane"] > 0.5
+
+
 def test_every_shipped_link_and_the_new_ones_here_meet_the_chain_protocols():
     import sdsl_jax as sd
 
     laws = [sd.HOFFMANN2022, sd.BESIROGLU2024, SharedExponentLaw(1.7, 400.0, 400.0, 0.3)]
     for law in laws:
         assert isinstance(law, sd.LossLawModel)
-    for plane in (sd.SDSL2026, sd.LogPerplexityPlane(-0.3, 0.2, 0.8), sd.LogitPlane(-1.0, 1.0, 1.0)):
+    for plane in (sd.SDSL2026, sd.LogPerplexityPlane(-0.3, 0.2, 0.8), sd.LogitPlane(-1.0, 1.0, 1.0), TRUE_GAP):
         assert isinstance(plane, sd.AcceptanceRateModel)
     for cost in (*sd.COST_MODELS.values(), QuadraticVerification(), SDSLFlopsNumerically()):
         assert isinstance(cost, sd.IterationCostModel)

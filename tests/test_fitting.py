@@ -8,7 +8,7 @@ import pytest
 from sdsl_jax import (ACCEPTANCE_MODELS, CHINCHILLA, FAMILIES, HOFFMANN2022, SDSL2026, IdentifiabilityError,
                       acceptance_rate, check_loss_law_data, pretraining_loss)
 from sdsl_jax.data import load_pretraining
-from sdsl_jax.fitting import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit_multistart
+from sdsl_jax.infer.point import EPOCH_GRID, fit_acceptance_plane, fit_loss_law, fit_multistart
 
 # Besiroglu et al. 2024, Huber fit on the 240 runs kept (their Table / notebook values).
 EPOCH_HUBER = dict(A=477.84, B=2143.86, E=1.8172, alpha=0.34731, beta=0.36718)
@@ -40,13 +40,13 @@ def test_reproduces_epoch_huber_fit_from_4500_starts():
     assert fit.result.all_values.shape == (4500,)
     assert float(fit.result.value) == float(jnp.min(fit.result.all_values))
     # Every start that ends within 1% of the best objective ends at the same law: a unique point fit.
-    from sdsl_jax.fitting import rival_optima
+    from sdsl_jax.infer.point import rival_optima
 
     assert rival_optima(fit.result.all_params, fit.result.all_values, CHINCHILLA.theta_names) == ()
 
 
 def test_rival_optima_names_the_coordinates_near_optimal_starts_disagree_on():
-    from sdsl_jax.fitting import rival_optima
+    from sdsl_jax.infer.point import rival_optima
 
     theta = np.array([[1.0, 2.0, -np.inf], [1.01, 3.0, -700.0], [5.0, 9.0, 0.0]])
     values = np.array([1.000, 1.005, 1.5])  # the third start is 50% worse: not a rival

@@ -54,10 +54,11 @@ def test_scores_against_the_measured_best():
 
 
 def test_preregistration_refuses_data_that_hold_a_held_back_model(tmp_path, capsys):
-    from experiments import ladder, preregister
+    from experiments import preregister
+    from sdsl_jax.lm import ladder as rungs
 
-    h2 = next(r for r in ladder.PRESETS["factorial"].rungs if r.name == "H2")
-    n = ladder.rung_n_params(h2, ladder.PRESETS["factorial"])
+    h2 = next(r for r in rungs.PRESETS["factorial"].rungs if r.name == "H2")
+    n = rungs.rung_n_params(h2, rungs.PRESETS["factorial"])
     (tmp_path / "pretraining.csv").write_text("n_params,n_tokens,loss\n"
                                               + "".join(f"{v},{d},{2.0 + 1e5 / v}\n" for v in (3e4, n, 1e5)
                                                         for d in (1e6, 2e6)))
@@ -83,8 +84,8 @@ def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
     each band's median alpha (inside), one far above (outside). Every score is recomputed here by hand."""
     import csv
 
-    from experiments import preregister
     from sdsl_jax import SDSL_FLOPS, best_lookahead, load_acceptance
+    from sdsl_jax.validation import preregistered
 
     predictions, data = _registered()
     held = {h["name"] for h in predictions["held_back"]}
@@ -107,7 +108,7 @@ def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    result = preregister.score(predictions, load_acceptance(str(path)))
+    result = preregistered.score(predictions, load_acceptance(str(path)))
     assert result["unmeasured"] == []
     by_target = {r["target"]: r for r in result["targets"]}
     h8 = by_target["H8"]
@@ -127,10 +128,10 @@ def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
     assert "H8" in summary["held_back_forecasts"]["targets"] and "L2" in summary["in_sample_forecasts"]["targets"]
     new_alpha = summary["held_back_pairs"]["alpha_coverage_90"]
     assert new_alpha["pairs"] == len(added) and new_alpha["inside"] == len(added) - 1
-    preregister.write_score_markdown(str(tmp_path / "score.md"), dict(
+    text = preregistered.score_markdown(dict(
         command="test", commit="c", date="d", data=dict(acceptance=str(path), acceptance_sha256="0" * 64),
         predictions="p", predictions_sha256="0" * 64, registered_commit=predictions["commit"], **result))
-    assert "(outside)" in (tmp_path / "score.md").read_text()
+    assert "(outside)" in text
 
 
 def test_scoring_refuses_data_without_the_held_back_models(tmp_path, capsys):

@@ -1,10 +1,10 @@
-"""Leave-one-size-out checks of the predictive bands (experiments.holdout), on synthetic data with
+"""Leave-one-size-out checks of the predictive bands (sdsl_jax.validation.holdout), on synthetic data with
 a known law and residual, and the stacking weights against a brute-force optimum."""
 
 import numpy as np
 import pytest
 
-from experiments import holdout
+from sdsl_jax.validation import holdout
 from sdsl_jax import HOFFMANN2022
 from sdsl_jax.loss_laws import DataLaw
 from sdsl_jax.data import PretrainingRuns
@@ -32,20 +32,6 @@ def test_predictive_bands_cover_held_out_sizes_and_mean_only_bands_do_not(family
     assert 0.75 <= r["coverage_90"] <= 1.0
     assert r["coverage_90_mean_only"] < r["coverage_90"] - 0.2  # the law's mean alone is overconfident
     assert np.isfinite(r["log_predictive_density"]) and r["forward_extrapolation"]["rmse"] < 0.1
-
-
-def test_stacking_weights_maximise_the_held_out_log_score():
-    rng = np.random.default_rng(1)
-    log_density = np.log(rng.uniform(0.05, 1.0, (3, 40)))
-    log_density[0] += 0.3  # one model clearly better on average
-    w = holdout.stacking_weights(log_density)
-    assert np.isclose(w.sum(), 1.0) and np.all(w >= 0)
-
-    def score(v):
-        return np.sum(np.log(v @ np.exp(log_density)))
-
-    grid = [np.array([a, b, 1 - a - b]) for a in np.linspace(0, 1, 101) for b in np.linspace(0, 1, 101) if a + b <= 1]
-    assert score(w) >= max(score(v) for v in grid) - 1e-6
 
 
 def test_student_t_log_density_matches_scipy():

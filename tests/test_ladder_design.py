@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from experiments import ladder
+from sdsl_jax.lm import ladder as rungs
 
-FACTORIAL = ladder.PRESETS["factorial"]
+FACTORIAL = rungs.PRESETS["factorial"]
 
 
 def _rows(preset, held_back=False):
@@ -14,7 +15,7 @@ def _rows(preset, held_back=False):
     for rung in preset.rungs:
         if rung.held_back and not held_back:
             continue
-        plan = ladder.plan_rung(rung, preset, ladder.rung_n_params(rung, preset))
+        plan = rungs.plan_rung(rung, preset, rungs.rung_n_params(rung, preset))
         rows += [(plan.n_params, b * plan.tokens_per_step) for b in plan.budgets]
     return np.array(rows, float)
 
@@ -28,11 +29,11 @@ def test_every_size_shares_every_budget_so_size_and_data_are_uncorrelated():
     assert min(len(b) for b in per_size) >= 4 and len(shared) >= 3
     assert abs(np.corrcoef(np.log(rows).T)[0, 1]) < 0.3
     # The real ladder, for contrast: budgets tied to size.
-    assert abs(np.corrcoef(np.log(_rows(ladder.PRESETS["real"])).T)[0, 1]) > 0.3
+    assert abs(np.corrcoef(np.log(_rows(rungs.PRESETS["real"])).T)[0, 1]) > 0.3
 
 
 def test_the_held_back_models_extend_the_ladder_where_the_prediction_is_tested():
-    sizes = {r.name: ladder.rung_n_params(r, FACTORIAL) for r in FACTORIAL.rungs}
+    sizes = {r.name: rungs.rung_n_params(r, FACTORIAL) for r in FACTORIAL.rungs}
     held = [r.name for r in FACTORIAL.rungs if r.held_back]
     assert sizes["H8"] >= 2.5e6 and sizes["H8"] > max(v for k, v in sizes.items() if k not in held)
     assert sizes["L2"] < sizes["H2"] < sizes["L3"]

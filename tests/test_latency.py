@@ -103,7 +103,7 @@ def test_latency_cli_measures_the_micro_ladder_and_resumes(tmp_path, monkeypatch
     table = load_latency(tmp_path / "latency.csv")
     assert len(table) == 3 * 2 and np.all(table.seconds_median > 0) and set(table.tokens) == {1.0, 2.0}
     # A rerun measures nothing: every model is in the stages file.
-    monkeypatch.setattr(latency, "measure_model", lambda *a, **k: pytest.fail("re-measured a finished model"))
+    monkeypatch.setattr(latency, "time_calls", lambda *a, **k: pytest.fail("re-measured a finished model"))
     assert latency.main(args) == 0
     assert len(load_latency(tmp_path / "latency.csv")) == 6
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sdsl_jax.measure import exact_acceptance, text_nll, windows
+from sdsl_jax.lm.measure import exact_acceptance, text_nll, windows
 from sdsl_jax import acceptance_from_counts
-from sdsl_jax.decoding import speculative_generate
-from sdsl_jax.model import Transformer, TransformerConfig
+from sdsl_jax.lm.decoding import speculative_generate
+from sdsl_jax.lm.model import Transformer, TransformerConfig
 
 V = 8
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from sdsl_jax import PLANE as SDSL2026_MODEL
-from sdsl_jax import SDSL2026, bayes, pipeline
+from sdsl_jax import SDSL2026, compare, infer, predict
 from sdsl_jax.data import load_acceptance
-from experiments.closure import candidate_labels, run_label_of
-from experiments.holdout import _model_effect
+from sdsl_jax.validation.closure import candidate_labels, run_label_of
+from sdsl_jax.validation.holdout import model_effect_draws
 
 HEADER = "draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha\n"
 TRUE = dict(A=-0.04, B=0.06, C=0.70, sigma=0.008, draft_sd=0.03, target_sd=0.01)
@@ -39,9 +39,9 @@ def test_model_index_numbers_labels_in_order_of_appearance(tmp_path):
 def test_sample_plane_refuses_half_or_bad_model_indices():
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(0))
     with pytest.raises(ValueError, match="both draft and target"):
-        bayes.sample_plane(x, y, alpha, draft=di, num_chains=1, num_warmup=5, num_samples=5)
+        infer.sample_plane(x, y, alpha, draft=di, num_chains=1, num_warmup=5, num_samples=5)
     with pytest.raises(ValueError, match="target must hold"):
-        bayes.sample_plane(x, y, alpha, draft=di, target=ti[:-1], num_chains=1, num_warmup=5, num_samples=5)
+        infer.sample_plane(x, y, alpha, draft=di, target=ti[:-1], num_chains=1, num_warmup=5, num_samples=5)
 
 
 def test_model_effects_posterior_finds_the_draft_effect_and_shrinks_the_pair_residual():
@@ -50,8 +50,8 @@ def test_model_effects_posterior_finds_the_draft_effect_and_shrinks_the_pair_res
     # true scale, where the model with independent pairs lumps both into sigma.
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
     kw = dict(num_chains=2, num_warmup=300, num_samples=300, seed=0, progress_bar=False)
-    crossed = bayes.sample_plane(x, y, alpha, draft=di, target=ti, **kw)
-    iid = bayes.sample_plane(x, y, alpha, **kw)
+    crossed = infer.sample_plane(x, y, alpha, draft=di, target=ti, **kw)
+    iid = infer.sample_plane(x, y, alpha, **kw)
     lo, hi = np.quantile(crossed.samples["draft_sd"], [0.05, 0.95])
     assert lo < TRUE["draft_sd"] < hi and lo > 0.01
     assert np.median(crossed.samples["sigma"]) < 0.5 * np.median(iid.samples["sigma"])
@@ -62,7 +62,7 @@ def test_model_effects_posterior_finds_the_draft_effect_and_shrinks_the_pair_res
 
 
 def _scales(count=4000, known=None):
-    return pipeline.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.01),
+    return predict.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.01),
                                      alpha_draft_sd=np.full(count, 0.03), alpha_target_sd=np.full(count, 0.02),
                                      known=known)
 
@@ -79,7 +79,7 @@ def test_alpha_residuals_of_new_models_add_the_three_variances_and_share_the_tar
 def test_known_models_keep_their_posterior_effects():
     count = 4000
     rng = np.random.default_rng(1)
-    known = pipeline.KnownEffects(draft_labels=("a", "b"), draft_effect=rng.normal(0.05, 0.001, (count, 2)),
+    known = predict.KnownEffects(draft_labels=("a", "b"), draft_effect=rng.normal(0.05, 0.001, (count, 2)),
                                   target_labels=("T",), target_effect=np.full((count, 1), -0.02))
     scales = _scales(count, known)
     shift, z = scales.alpha_residuals(np.random.default_rng(0), 2, drafts=("b", None), target="T")
@@ -94,9 +94,9 @@ def test_known_models_keep_their_posterior_effects():
 
 def test_a_known_run_keeps_its_intercept_and_slope():
     count = 3000
-    known = pipeline.KnownEffects(run_labels=("r0",), run_intercept=np.full((count, 1), 0.1),
+    known = predict.KnownEffects(run_labels=("r0",), run_intercept=np.full((count, 1), 0.1),
                                   run_slope=np.full((count, 1), 0.02))
-    scales = pipeline.PredictiveScales(np.full(count, 1e-6), np.full(count, 30.0), np.zeros(count),
+    scales = predict.PredictiveScales(np.full(count, 1e-6), np.full(count, 30.0), np.zeros(count),
                                        run_sd=np.full(count, 0.05), run_slope_sd=np.full(count, 0.05),
                                        centre_log_d=10.0, known=known)
     log_d = np.array([[12.0, 12.0]])
@@ -111,23 +111,23 @@ def test_zero_known_effects_rank_like_new_models_without_scatter():
 
     count = 200
     n, d = np.array([3e7, 1e8, 3e8]), np.array([6e11, 1e12, 2e12])
-    known = pipeline.KnownEffects(draft_labels=("a", "b", "c"), draft_effect=np.zeros((count, 3)),
+    known = predict.KnownEffects(draft_labels=("a", "b", "c"), draft_effect=np.zeros((count, 3)),
                                   target_labels=("T",), target_effect=np.zeros((count, 1)))
-    scales = pipeline.PredictiveScales(np.full(count, 1e-12), np.full(count, 30.0), np.zeros(count),
+    scales = predict.PredictiveScales(np.full(count, 1e-12), np.full(count, 30.0), np.zeros(count),
                                        alpha_draft_sd=np.full(count, 0.5), alpha_target_sd=np.full(count, 0.5),
                                        known=known)
     law = type(HOFFMANN2022)(*(np.full(count, v) for v in HOFFMANN2022))
     plane = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
-    labels = pipeline.CandidateLabels(draft_models=("a", "b", "c"), target_model="T")
-    t = pipeline.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12,
+    labels = predict.CandidateLabels(draft_models=("a", "b", "c"), target_model="T")
+    t = predict.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12,
                                   scales=scales, labels=labels)
-    t_mean = pipeline.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12)
+    t_mean = predict.throughput_draws((law, plane), n_drafts=n, d_drafts=d, m_target=7e10, d_target=1.4e12)
     np.testing.assert_allclose(t, t_mean, rtol=1e-6)
 
 
 def test_holdout_effects_keep_known_models_and_share_a_new_models_draw():
     samples = dict(draft_sd=np.full(500, 2.0), draft_z=np.tile([[1.0, -1.0]], (500, 1)))
-    eff = _model_effect(samples, "draft_sd", "draft_z", ("a", "b", "a"), ("b", "new", "new", "a"),
+    eff = model_effect_draws(samples, "draft_sd", "draft_z", ("a", "b", "a"), ("b", "new", "new", "a"),
                         np.random.default_rng(0))
     np.testing.assert_allclose(eff[:, 0], -2.0)
     np.testing.assert_allclose(eff[:, 3], 2.0)
@@ -170,15 +170,15 @@ def test_acceptance_pointwise_log_likelihood_matches_the_truncated_normal_densit
             out = Predictive(model, num_samples=20)(jax.random.PRNGKey(0), *args)
         return {k: np.asarray(v) for k, v in out.items() if k != "alpha_obs"}
 
-    plane = draws(bayes.plane_model_for(SDSL2026_MODEL), x, y, w)
+    plane = draws(infer.plane_model_for(SDSL2026_MODEL), x, y, w)
     mean = plane["A"][:, None] * x + plane["B"][:, None] * y + plane["C"][:, None]
-    np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(plane, SDSL2026_MODEL, x, y, alpha, weights=w),
+    np.testing.assert_allclose(infer.acceptance_pointwise_log_likelihood(plane, SDSL2026_MODEL, x, y, alpha, weights=w),
                                norm_logpdf(alpha, mean, scale(plane)), rtol=1e-9)
-    crossed = draws(bayes.model_effects_plane_model_for(SDSL2026_MODEL), x, y, w, di, np.zeros(6), ti, np.zeros(3))
+    crossed = draws(infer.model_effects_plane_model_for(SDSL2026_MODEL), x, y, w, di, np.zeros(6), ti, np.zeros(3))
     mean = (crossed["A"][:, None] * x + crossed["B"][:, None] * y + crossed["C"][:, None]
             + crossed["draft_sd"][:, None] * crossed["draft_z"][:, di]
             + crossed["target_sd"][:, None] * crossed["target_z"][:, ti])
-    np.testing.assert_allclose(bayes.acceptance_pointwise_log_likelihood(crossed, SDSL2026_MODEL, x, y, alpha,
+    np.testing.assert_allclose(infer.acceptance_pointwise_log_likelihood(crossed, SDSL2026_MODEL, x, y, alpha,
                                                                          weights=w, draft=di, target=ti),
                                norm_logpdf(alpha, mean, scale(crossed)), rtol=1e-9)
 
@@ -194,12 +194,12 @@ def test_logit_plane_likelihood_is_a_density_on_alpha():
     samples = dict(slope_x=np.array([-0.8]), slope_y=np.array([0.3]), centre=np.array([0.9]), sigma=np.array([0.4]))
     x, y = np.array([20.0, 40.0, 80.0]), np.array([8.0, 9.0, 10.0])
     alpha = np.array([0.7, 0.5, 0.3])
-    got = bayes.acceptance_pointwise_log_likelihood(samples, LOGIT_PLANE, x, y, alpha)
+    got = infer.acceptance_pointwise_log_likelihood(samples, LOGIT_PLANE, x, y, alpha)
     u, v = np.log(x), np.log(y)
     eta = 0.9 - 0.8 * (u - u.mean()) / u.std() + 0.3 * (v - v.mean()) / v.std()
     logit = np.log(alpha / (1 - alpha))
     np.testing.assert_allclose(got[0], norm.logpdf(logit, eta, 0.4) - np.log(alpha * (1 - alpha)), rtol=1e-10)
-    total, _ = quad(lambda a: np.exp(float(bayes.acceptance_likelihood(LOGIT_PLANE, eta[0], 0.4).log_prob(a))), 0, 1)
+    total, _ = quad(lambda a: np.exp(float(infer.acceptance_likelihood(LOGIT_PLANE, eta[0], 0.4).log_prob(a))), 0, 1)
     assert total == pytest.approx(1.0, abs=1e-8)
 
 
@@ -217,10 +217,10 @@ def test_acceptance_stacking_puts_its_weight_on_the_model_that_generated_the_pai
     assert not pairs.has_repeated_models()
     runs = {}
     for model in ACCEPTANCE_MODELS.values():
-        runs[model.name] = bayes.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, model=model,
+        runs[model.name] = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, model=model,
                                               weights=pairs.regression_weights(), num_chains=2, num_warmup=200,
                                               num_samples=200, seed=0, progress_bar=False)
-    weights = pipeline.acceptance_stacking_weights(pairs, runs)
+    weights = compare.acceptance_stacking_weights(pairs, runs)
     assert weights.names == tuple(ACCEPTANCE_MODELS)
     np.testing.assert_allclose(weights.weights.sum(), 1.0, atol=1e-6)
     assert weights.weights[weights.names.index(LOG_PLANE.name)] > 0.95
@@ -235,9 +235,9 @@ def test_predictive_acceptance_draws_stay_probabilities_near_one():
 
     count = 4000
     planes = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
-    scales = pipeline.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.05),
+    scales = predict.PredictiveScales(np.full(count, 1e-9), np.full(count, 30.0), np.full(count, 0.05),
                                        alpha_draft_sd=np.full(count, 0.03), alpha_target_sd=np.full(count, 0.02))
-    draws = pipeline.predictive_planes(planes, scales, d_draft=1e11, d_target=1e12, seed=0)
+    draws = predict.predictive_planes(planes, scales, d_draft=1e11, d_target=1e12, seed=0)
     x, y = 5.0, 22.0  # the plane gives 0.642 - 0.0335 + 0.285 = 0.894
     rate = np.asarray(draws.rate(x, y))
     assert np.isfinite(rate).all() and (rate >= 0).all() and (rate <= 1).all()
@@ -261,9 +261,9 @@ def test_logit_plane_is_recovered_and_its_draws_are_probabilities():
     alpha = np.asarray(predictive_acceptance(truth, x, y, z=rng.standard_normal(60), sigma=0.05))
     point = fit_acceptance_plane(x, y, alpha, model=LOGIT_PLANE)
     np.testing.assert_allclose(np.asarray(point.plane), np.asarray(truth), atol=0.1)
-    run = bayes.sample_plane(x, y, alpha, model=LOGIT_PLANE, num_chains=2, num_warmup=200, num_samples=200,
+    run = infer.sample_plane(x, y, alpha, model=LOGIT_PLANE, num_chains=2, num_warmup=200, num_samples=200,
                              seed=0, progress_bar=False)
-    planes = bayes.planes_from_posterior(run.samples, LOGIT_PLANE)
+    planes = infer.planes_from_posterior(run.samples, LOGIT_PLANE)
     for name, value in zip("ABC", truth):
         assert np.quantile(getattr(planes, name), 0.005) < value < np.quantile(getattr(planes, name), 0.995)
     far = np.asarray(predictive_acceptance(type(planes)(*(v[:, None] for v in planes)), np.array([1.01, 500.0]), 3.0,

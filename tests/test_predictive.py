@@ -5,7 +5,7 @@ import types
 import numpy as np
 import pytest
 
-from sdsl_jax import HOFFMANN2022, SDSL2026, LossLaw, pipeline
+from sdsl_jax import HOFFMANN2022, SDSL2026, LossLaw, infer, predict
 
 N = np.array([3e7, 1e8, 3e8])
 D = np.array([6e11, 1e12, 2e12])
@@ -25,10 +25,10 @@ def _draws(count, seed=0):
 
 def test_zero_residuals_reproduce_the_mean_only_ranking():
     draws = _draws(400)
-    zeros = pipeline.PredictiveScales(np.zeros(400), np.full(400, 5.0), np.zeros(400))
+    zeros = predict.PredictiveScales(np.zeros(400), np.full(400, 5.0), np.zeros(400))
     kw = dict(n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws)
-    mean_only = pipeline.rank_drafts(_point(), **kw)
-    predictive = pipeline.rank_drafts(_point(), scales=zeros, **kw)
+    mean_only = predict.rank_drafts(_point(), **kw)
+    predictive = predict.rank_drafts(_point(), scales=zeros, **kw)
     np.testing.assert_allclose(predictive.p_best, mean_only.p_best)
     np.testing.assert_allclose(predictive.throughput_band, mean_only.throughput_band, rtol=1e-9)
 
@@ -36,9 +36,9 @@ def test_zero_residuals_reproduce_the_mean_only_ranking():
 def test_residuals_spread_p_best_and_widen_the_bands():
     draws = _draws(2000)
     kw = dict(n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws)
-    mean_only = pipeline.rank_drafts(_point(), **kw)
-    scales = pipeline.PredictiveScales(np.full(2000, 0.05), np.full(2000, 10.0), np.full(2000, 0.02))
-    predictive = pipeline.rank_drafts(_point(), scales=scales, seed=1, **kw)
+    mean_only = predict.rank_drafts(_point(), **kw)
+    scales = predict.PredictiveScales(np.full(2000, 0.05), np.full(2000, 10.0), np.full(2000, 0.02))
+    predictive = predict.rank_drafts(_point(), scales=scales, seed=1, **kw)
     assert np.isclose(predictive.p_best.sum(), 1.0)
     entropy = [-np.sum(p[p > 0] * np.log(p[p > 0])) for p in (mean_only.p_best, predictive.p_best)]
     assert entropy[1] > entropy[0] + 0.1
@@ -50,8 +50,8 @@ def test_an_inadmissible_candidate_loses_its_draw_instead_of_dropping_it():
     # Acceptance noise so large that some candidates leave (0, 1) in some draws: before, those
     # whole draws were dropped from P(best); now only that candidate cannot win them.
     draws = _draws(1000)
-    scales = pipeline.PredictiveScales(np.zeros(1000), np.full(1000, 5.0), np.full(1000, 0.3))
-    ranking = pipeline.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
+    scales = predict.PredictiveScales(np.zeros(1000), np.full(1000, 5.0), np.full(1000, 0.3))
+    ranking = predict.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
                                    scales=scales)
     assert np.isclose(ranking.p_best.sum(), 1.0) and np.all(ranking.p_best > 0)
 
@@ -61,18 +61,18 @@ def test_predictive_scales_are_aligned_with_paired_draws():
     sigma, nu, alpha_sigma = np.arange(count) + 0.5, np.arange(count) + 100.0, np.arange(count) + 1000.0
     law = LossLaw(E=sigma.copy(), A=nu.copy(), B=np.ones(count), alpha=np.ones(count), beta=np.ones(count))
     plane = type(SDSL2026)(A=alpha_sigma.copy(), B=np.ones(count), C=np.ones(count))
-    post = pipeline.Posterior(law, plane, types.SimpleNamespace(samples=dict(sigma=sigma, nu=nu)),
+    post = infer.Posterior(law, plane, types.SimpleNamespace(samples=dict(sigma=sigma, nu=nu)),
                               types.SimpleNamespace(samples=dict(sigma=alpha_sigma)), {})
     for count_kw in (None, 20):
-        laws, planes = pipeline.paired_draws(post, count=count_kw, seed=3)
-        scales = pipeline.predictive_scales(post, count=count_kw, seed=3)
+        laws, planes = predict.paired_draws(post, count=count_kw, seed=3)
+        scales = predict.predictive_scales(post, count=count_kw, seed=3)
         np.testing.assert_array_equal(scales.loss_sigma, laws.E)
         np.testing.assert_array_equal(scales.loss_nu, laws.A)
         np.testing.assert_array_equal(scales.alpha_sigma, planes.A)
 
 
 def test_forecast_scores_against_hand_computed_values():
-    from experiments.closure import forecast_scores
+    from sdsl_jax.validation.closure import forecast_scores
 
     records = [dict(drafts=["a", "b"], measured_best="b", p_best=[0.25, 0.75]),
                dict(drafts=["a", "b", "c"], measured_best="a", p_best=[0.0, 1.0, 0.0])]
@@ -90,23 +90,23 @@ def test_identification_flags_what_the_data_leave_to_the_prior():
     import numpyro
     from numpyro.infer import Predictive  # noqa: F401  (loads numpyro.infer)
 
-    from sdsl_jax import CHINCHILLA, bayes
+    from sdsl_jax import CHINCHILLA, infer
 
     rng = np.random.default_rng(0)
     # A "posterior" that is the prior: nothing identified.
     draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1))
     as_prior = {n: np.asarray(draws[n]).reshape(-1) for n in CHINCHILLA.theta_names}
-    flags = bayes.identification(as_prior, CHINCHILLA).flags
+    flags = infer.identification(as_prior, CHINCHILLA).flags
     assert len([f for f in flags if "weakly identified" in f]) == 5
     # Tight in every coordinate, log A and alpha trading off (correlation ~1): identified.
     x = rng.standard_normal(4000)
     tight = dict(a=6.2 + 0.01 * x, b=rng.normal(7.6, 0.01, 4000), e=rng.normal(0.6, 0.005, 4000),
                  alpha=0.35 + 0.001 * x + 1e-6 * rng.standard_normal(4000), beta=rng.normal(0.37, 0.001, 4000))
-    result = bayes.identification(tight, CHINCHILLA)
+    result = infer.identification(tight, CHINCHILLA)
     assert result.flags == () and np.all(result.contraction > 0.99) and result.correlation[0, 3] > 0.99
     # The N exponent left to its prior (the ladder's case): flagged by name.
     loose = dict(tight, alpha=as_prior["alpha"])
-    assert any(f.startswith("alpha: weakly identified") for f in bayes.identification(loose, CHINCHILLA).flags)
+    assert any(f.startswith("alpha: weakly identified") for f in infer.identification(loose, CHINCHILLA).flags)
 
 
 def _records():
@@ -115,14 +115,14 @@ def _records():
 
 
 def test_prospective_ranking_with_one_shared_fit_is_the_in_sample_ranking():
-    from experiments.closure import add_prospective
+    from sdsl_jax.validation.forms import add_prospective
 
     draws = _draws(500)
-    scales = pipeline.PredictiveScales(np.full(500, 0.03), np.full(500, 8.0), np.full(500, 0.01))
+    scales = predict.PredictiveScales(np.full(500, 0.03), np.full(500, 8.0), np.full(500, 0.01))
     fits = {float(n): (_point(), draws, scales) for n in N}
     records = _records()
     add_prospective(records, fits, seed=4)
-    in_sample = pipeline.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
+    in_sample = predict.rank_drafts(_point(), n_drafts=N, d_drafts=D, m_target=M, d_target=D_TARGET, draws=draws,
                                      scales=scales, seed=4)
     np.testing.assert_allclose(records[0]["prospective_p_best"], in_sample.p_best)
     best = records[0]["prospective_best"]
@@ -131,7 +131,7 @@ def test_prospective_ranking_with_one_shared_fit_is_the_in_sample_ranking():
 
 
 def test_prospective_ranking_takes_each_candidate_from_the_fit_that_left_it_out():
-    from experiments.closure import add_prospective
+    from sdsl_jax.validation.forms import add_prospective
 
     draws = _draws(300)
     # The fit without "b" believes in a plane where acceptance is 0.2 lower: "b" can no longer win.
@@ -145,7 +145,7 @@ def test_prospective_ranking_takes_each_candidate_from_the_fit_that_left_it_out(
 
 
 def test_measured_best_bootstrap_resamples_prompts_jointly(tmp_path):
-    from experiments.closure import measured_best_bootstrap
+    from sdsl_jax.validation.closure import measured_best_bootstrap
     from sdsl_jax.data import load_speculative
 
     header = ("target,draft,n_target,n_draft,d_target,d_draft,gamma,prompts,iterations,accepted,alpha_mle,"

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from sdsl_jax import SDSL2026, ResidualAcceptance, bayes, pipeline, solve_draft_size
+from sdsl_jax import SDSL2026, ResidualAcceptance, compare, infer, pipeline, predict, solve_draft_size
 from sdsl_jax.data import load_pretraining, save_pretraining
 from experiments.calibration import TRUE_LAW, TRUE_RUN_SLOPE_SD, synthetic_ladder
 
@@ -34,7 +34,7 @@ def test_one_row_per_run_has_no_repeated_runs(tmp_path):
 def test_sample_loss_law_refuses_a_bad_run_index():
     n, d, loss, run, _ = synthetic_ladder(np.random.default_rng(0))
     with pytest.raises(ValueError, match="run must hold"):
-        bayes.sample_loss_law(n, d, loss, init=TRUE_LAW, run=run[:-1], num_chains=1, num_warmup=5, num_samples=5)
+        infer.sample_loss_law(n, d, loss, init=TRUE_LAW, run=run[:-1], num_chains=1, num_warmup=5, num_samples=5)
 
 
 def test_new_run_offsets_have_the_summed_variance():
@@ -42,11 +42,11 @@ def test_new_run_offsets_have_the_summed_variance():
     k = 200_000
     samples = dict(sigma=np.full(k, 0.03), nu=np.full(k, 10.0), run_sd=np.full(k, 0.02),
                    run_slope_sd=np.full(k, 0.05))
-    offsets = bayes.new_run_offsets(samples, np.log(1e10), centre_log_d=np.log(1e9), seed=3)
+    offsets = infer.new_run_offsets(samples, np.log(1e10), centre_log_d=np.log(1e9), seed=3)
     expected = 0.03**2 * 10 / 8 + 0.02**2 + (0.05 * np.log(10)) ** 2
     assert offsets.shape == (k,)
     np.testing.assert_allclose(offsets.var(), expected, rtol=0.02)
-    iid = bayes.new_run_offsets(dict(sigma=samples["sigma"], nu=samples["nu"]), 0.0, size=(2,), seed=3)
+    iid = infer.new_run_offsets(dict(sigma=samples["sigma"], nu=samples["nu"]), 0.0, size=(2,), seed=3)
     assert iid.shape == (k, 2)
     np.testing.assert_allclose(iid.var(), 0.03**2 * 10 / 8, rtol=0.02)
 
@@ -83,8 +83,8 @@ def test_hierarchical_posterior_finds_the_run_slope_and_shrinks_the_residual():
     rng = np.random.default_rng(11)
     n, d, loss, run, _ = synthetic_ladder(rng)
     kw = dict(init=TRUE_LAW, num_chains=2, num_warmup=300, num_samples=300, seed=0, progress_bar=False)
-    hier = bayes.sample_loss_law(n, d, loss, run=run, **kw)
-    iid = bayes.sample_loss_law(n, d, loss, **kw)
+    hier = infer.sample_loss_law(n, d, loss, run=run, **kw)
+    iid = infer.sample_loss_law(n, d, loss, **kw)
     slope = np.asarray(hier.samples["run_slope_sd"])
     lo, hi = np.quantile(slope, [0.05, 0.95])
     assert lo < TRUE_RUN_SLOPE_SD < hi and lo > 0.003
@@ -98,13 +98,13 @@ def test_predictive_n_star_bands_are_wider_and_centred_like_the_mean_curve():
     rng = np.random.default_rng(0)
     laws = type(TRUE_LAW)(*(np.asarray(v) * (1 + 0.002 * rng.standard_normal(count)) for v in TRUE_LAW))
     planes = type(SDSL2026)(*(np.full(count, v) for v in SDSL2026))
-    scales = pipeline.PredictiveScales(np.full(count, 0.02), np.full(count, 8.0), np.full(count, 0.01),
+    scales = predict.PredictiveScales(np.full(count, 0.02), np.full(count, 8.0), np.full(count, 0.01),
                                        np.full(count, 0.02), np.full(count, 0.03), float(np.log(1e10)))
     point = type("P", (), dict(law=TRUE_LAW, plane=SDSL2026))
     kw = dict(m_grid=np.array([2e10, 7e10]), targets=np.array([3e10]), d_target=1e12, d_draft=1e11,
               draws=(laws, planes))
-    mean_only = pipeline.predict_draft_size(point, **kw)
-    predictive = pipeline.predict_draft_size(point, scales=scales, seed=1, **kw)
+    mean_only = predict.predict_draft_size(point, **kw)
+    predictive = predict.predict_draft_size(point, scales=scales, seed=1, **kw)
     q = list(mean_only.target_bands.quantiles)
     lo, mid, hi = q.index(0.05), q.index(0.5), q.index(0.95)
     width = [np.log(b.n_star[hi, 0] / b.n_star[lo, 0]) for b in (mean_only.target_bands, predictive.target_bands)]
@@ -127,7 +127,7 @@ def test_stacking_puts_its_weight_on_the_form_that_generated_the_data():
         point = pipeline.fit_point(runs, family=family)
         posteriors[family.name] = pipeline.sample_posterior(runs, None, point, num_chains=2, num_warmup=200,
                                                             num_samples=200, run_effects=False)
-    weights = pipeline.stacking_weights(runs, posteriors)
+    weights = compare.stacking_weights(runs, posteriors)
     assert weights.names == ("chinchilla", "data")
     np.testing.assert_allclose(weights.weights.sum(), 1.0, atol=1e-6)
     assert weights.weights[0] > 0.95

@@ -6,8 +6,8 @@ import optax
 import pytest
 from flax import nnx
 
-from experiments import corpus
-from experiments.train import (
+from sdsl_jax.lm import corpus
+from sdsl_jax.lm.train import (
     data_mesh,
     init_train_state,
     make_train_step,
@@ -16,7 +16,7 @@ from experiments.train import (
     train,
     wsd_schedule,
 )
-from sdsl_jax.model import Transformer, TransformerConfig
+from sdsl_jax.lm.model import Transformer, TransformerConfig
 
 CONFIG = TransformerConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=2, d_ff=128, max_len=64)
 

@@ -117,13 +117,13 @@ def test_a_sampler_runs_again_on_data_of_another_shape():
     """Cross-validation in a notebook: the compiled sampler is reused per shape, not across shapes.
 
     Five chains on four devices run vectorised, the case whose cached state failed on new shapes."""
-    from sdsl_jax import bayes
+    from sdsl_jax import infer
 
     rng = np.random.default_rng(0)
     for rows in (20, 31):
         x, y = rng.uniform(8, 40, rows), rng.uniform(4, 12, rows)
         a = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, rows)
-        run = bayes.sample_plane(x, y, a, num_chains=5, num_warmup=5, num_samples=10, progress_bar=False,
+        run = infer.sample_plane(x, y, a, num_chains=5, num_warmup=5, num_samples=10, progress_bar=False,
                                  summarize=False)
         assert run.samples["A"].shape == (50,) and np.all(np.isfinite(run.samples["A"]))
 
@@ -141,14 +141,3 @@ def test_per_model_effects_default_on_only_where_the_design_identifies_them():
     on, why = small.model_effects_identified()
     assert small.has_repeated_models() and not on
     assert "target model(s) appear in two or more pairs" in why
-
-
-def test_failed_posterior_advice_names_what_is_not_identified():
-    from types import SimpleNamespace
-
-    post = SimpleNamespace(identification=SimpleNamespace(
-        flags=("A and alpha: identified only together (posterior correlation +0.998)",)))
-    advice = fit.diagnostics_advice("loss_law", post)
-    assert "A and alpha: identified only together" in advice and "Longer chains will not fix this" in advice
-    # Without unidentified parameters the advice is to sample longer.
-    assert "Run longer" in fit.diagnostics_advice("loss_law", SimpleNamespace(identification=SimpleNamespace(flags=())))

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from sdsl_jax.costs import SDSL_FLOPS
-from sdsl_jax.model import Transformer, init_cache
+from sdsl_jax.lm.model import Transformer, init_cache
 
 __all__ = ["SpeculativeStats", "RunSummary", "summarize_runs", "speculative_generate", "autoregressive_generate"]
 

@@ -29,8 +29,8 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from sdsl_jax.data import DataError
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
+from sdsl_jax.data import DataError
 from sdsl_jax.loss_laws import (CHINCHILLA, EPOCH_GRID, LossLaw, LossLawFamily, law_from_theta,  # noqa: F401
                                 loss_law_log_prediction, theta_from_law)
 

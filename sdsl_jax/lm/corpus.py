@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 HELLASWAG = REPO / "fits" / "data" / "hellaswag_prompts.jsonl"
 BLOCK = 4096
 HOLDOUT_EVERY = 20
@@ -113,3 +113,15 @@ def hellaswag_prompts(path: str | os.PathLike = HELLASWAG) -> list[str]:
     """HellaSwag contexts (evaluation text and prompts)."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line)["prompt"] for line in f if line.strip()]
+
+
+def prompts_for(count: int, length: int) -> np.ndarray:
+    """The last ``length`` bytes of the first ``count`` HellaSwag contexts with at least that many."""
+    out = []
+    for text in hellaswag_prompts():
+        data = text.encode("utf-8")
+        if len(data) >= length:
+            out.append(np.frombuffer(data[-length:], np.uint8))
+        if len(out) == count:
+            return np.stack(out).astype(np.int32)
+    raise ValueError(f"fewer than {count} HellaSwag prompts of {length} bytes")

@@ -1,6 +1,6 @@
 """Orbax checkpoints of training state: a synchronous manager and restoring the latest step.
 
-Used by the training loop (``experiments.train``) and the model ladder; restoring into the
+Used by the training loop (``sdsl_jax.lm.train``) and the model ladder; restoring into the
 structure of a live state keeps shardings and dtypes, so a resumed run continues bit for bit.
 """
 

@@ -28,8 +28,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from sdsl_jax.checkpoint import checkpoint_manager, restore_latest
-from sdsl_jax.model import Transformer
+from sdsl_jax.lm.checkpoint import checkpoint_manager, restore_latest
+from sdsl_jax.lm.model import Transformer
 
 
 def wsd_schedule(*, peak: float, warmup_steps: int, total_steps: int, decay_fraction: float = 0.2) -> optax.Schedule:

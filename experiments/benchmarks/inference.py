@@ -1,0 +1,116 @@
+"""Benchmarks of the fits: the multi-start loss-law fit against SciPy, the calibration of posterior
+intervals, and NUTS with its sampling loop compiled once against NumPyro's own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from experiments import numpy_reference
+from experiments.benchmarks.numerics import median_time
+
+
+def bench_loss_law_fit(scipy_starts: int, repeats: int) -> list[dict]:
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.infer.point import EPOCH_GRID, fit_loss_law
+
+    runs = load_pretraining("fits/data/chinchilla_fig4.csv")
+    runs = runs.select(np.sort(np.argsort(runs.loss)[:-5]))
+    start = time.perf_counter()
+    fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss)
+    first_s = time.perf_counter() - start
+    t_jax = median_time(lambda: jax.block_until_ready(fit_loss_law(runs.n_params, runs.n_tokens, runs.loss)),
+                        max(1, repeats // 2))
+    subset = np.random.default_rng(0).choice(len(EPOCH_GRID), scipy_starts, replace=False)
+    logs = [np.log(v) for v in (runs.n_params, runs.n_tokens, runs.loss)]
+    per_jax = t_jax / len(EPOCH_GRID)
+    jax_subset_best = float(np.min(np.asarray(fit.result.all_values)[subset]))
+    law = [float(v) for v in fit.law]
+    print(f"loss-law fit: jax {len(EPOCH_GRID)} starts in {t_jax:.1f} s ({per_jax * 1e3:.2f} ms/start; first call "
+          f"{first_s:.1f} s with compilation), objective {float(fit.result.value):.10g}\n"
+          f"  jax optimum: E={law[0]:.5f} A={law[1]:.2f} B={law[2]:.2f} alpha={law[3]:.5f} beta={law[4]:.5f}; "
+          f"best over the SciPy subset of starts {jax_subset_best:.10g}", flush=True)
+    rows = []
+    for label, analytic in (("finite-difference gradient (SciPy default)", False), ("analytic NumPy gradient", True)):
+        start = time.perf_counter()
+        params, values = numpy_reference.fit_loss_law_scipy(EPOCH_GRID[subset], *logs, analytic_gradient=analytic)
+        t_scipy = time.perf_counter() - start
+        per_scipy = t_scipy / scipy_starts
+        best = params[np.argmin(values)]
+        print(f"  scipy L-BFGS-B, {label}: {scipy_starts} starts in {t_scipy:.1f} s ({per_scipy * 1e3:.1f} ms/start)"
+              f"  ratio per start {per_scipy / per_jax:.1f}x; optimum E={np.exp(best[2]):.5f} A={np.exp(best[0]):.2f} "
+              f"B={np.exp(best[1]):.2f} alpha={best[3]:.5f} beta={best[4]:.5f} objective {values.min():.10g}",
+              flush=True)
+        rows.append(dict(name=f"loss_law_fit vs scipy ({label})", n=len(EPOCH_GRID), jax_s=t_jax,
+                         jax_first_call_s=first_s, baseline_s=t_scipy, baseline_starts=scipy_starts,
+                         speedup_per_start=per_scipy / per_jax, jax_objective=float(fit.result.value),
+                         scipy_subset_objective=float(values.min()), jax_subset_objective=jax_subset_best))
+    return rows
+
+
+def bench_calibration(datasets: int) -> list[dict]:
+    from experiments.calibration import loss_law_coverage, n_star_coverage, plane_coverage
+
+    rows = []
+    for name, fn in (("plane", plane_coverage), ("loss law", loss_law_coverage)):
+        start = time.perf_counter()
+        cov = fn(datasets)
+        k = datasets * len(cov)
+        pooled = float(np.mean(list(cov.values())))
+        print(f"calibration {name}: 90% coverage " + ", ".join(f"{p} {c:.2f}" for p, c in cov.items())
+              + f"; pooled {pooled:.3f} over {k} intervals (s.e. {np.sqrt(0.09 / k):.3f}) "
+              f"[{time.perf_counter() - start:.0f} s]", flush=True)
+        rows.append(dict(name=f"calibration {name}", datasets=datasets, coverage=cov, pooled=pooled))
+    start = time.perf_counter()
+    cov = n_star_coverage(datasets)
+    print("calibration N* with run effects: 90% band coverage " + ", ".join(f"{p} {c:.2f}" for p, c in cov.items())
+          + f" over {datasets} datasets (s.e. {np.sqrt(0.09 / datasets):.3f}) [{time.perf_counter() - start:.0f} s]",
+          flush=True)
+    rows.append(dict(name="calibration n_star run effects", datasets=datasets, coverage=cov))
+    return rows
+
+
+def bench_nuts_reuse(datasets: int) -> list[dict]:
+    """Posteriors of many same-shaped datasets (what calibration and refits do): NumPyro's own
+    sampling loop, compiled again on every run, against ``sdsl_jax.infer`` reusing it; same draws.
+
+    One chain, 150 warm-up + 250 draws, on 40-pair plane datasets and on the synthetic ladders
+    with per-run effects; the first run of each side (compilation) is reported separately.
+    """
+    from experiments.calibration import TRUE_LAW, synthetic_ladder
+    from sdsl_jax import SDSL2026, infer
+
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(5, 60, (datasets, 40)), rng.uniform(3, 20, (datasets, 40))
+    alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.03, x.shape)
+    ladders = [synthetic_ladder(rng) for _ in range(datasets)]
+    kw = dict(num_chains=1, num_warmup=150, num_samples=250, progress_bar=False, summarize=False)
+    cases = (("plane, 40 pairs", lambda i: infer.sample_plane(x[i], y[i], alpha[i], seed=i, **kw)),
+             ("loss law with run effects, 28 runs", lambda i: infer.sample_loss_law(
+                 *ladders[i][:3], init=TRUE_LAW, run=ladders[i][3], seed=i, **kw)))
+    rows = []
+    for name, sample in cases:
+        times, draws = {}, {}
+        for side in ("numpyro", "sdsl_jax"):
+            infer.clear_sampler_caches()
+            with infer.compiled_loop_reuse(side == "sdsl_jax"):
+                start = time.perf_counter()
+                first = sample(0)
+                first_s = time.perf_counter() - start
+                start = time.perf_counter()
+                runs = [sample(i) for i in range(1, datasets)]
+                times[side] = (first_s, (time.perf_counter() - start) / (datasets - 1))
+                draws[side] = [first, *runs]
+        same = all(np.array_equal(a.samples[k], b.samples[k]) for a, b in zip(draws["numpyro"], draws["sdsl_jax"])
+                   for k in a.samples)
+        print(f"nuts {name}: per dataset after the first, NumPyro's loop {times['numpyro'][1]:.2f} s, reused "
+              f"{times['sdsl_jax'][1]:.2f} s, ratio {times['numpyro'][1] / times['sdsl_jax'][1]:.1f}x "
+              f"(first run {times['numpyro'][0]:.1f} / {times['sdsl_jax'][0]:.1f} s); identical draws: {same}",
+              flush=True)
+        rows.append(dict(name=f"nuts reuse {name}", datasets=datasets, numpyro_s=times["numpyro"][1],
+                         jax_s=times["sdsl_jax"][1], speedup=times["numpyro"][1] / times["sdsl_jax"][1],
+                         first_run_s=[times["numpyro"][0], times["sdsl_jax"][0]], identical=same))
+    return rows

@@ -1,0 +1,296 @@
+"""Posteriors of the chain's fitted links: NUTS on the models of :mod:`sdsl_jax.infer.models`.
+
+:func:`sample_loss_law` and :func:`sample_plane` start the chains around the point fit and
+return a checked :class:`~sdsl_jax.infer.sampler.PosteriorRun`; :func:`laws_from_posterior` and
+:func:`planes_from_posterior` turn its draws into the chain's law and acceptance types (fields
+of shape ``(draws,)``); the pointwise log-likelihoods feed model comparison
+(:mod:`sdsl_jax.compare`); :func:`identification` says which parameters the data pin down.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.util
+from jax.typing import ArrayLike
+
+from sdsl_jax.acceptance import PLANE, AcceptanceModel
+from sdsl_jax.infer.models import MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites, model_effects_plane_model_for, plane_model_for, run_effects_model_for
+from sdsl_jax.infer.sampler import PosteriorRun, jittered_starts, run_nuts, unconstrained_centre
+from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily, family_of
+
+with warnings.catch_warnings():  # ArviZ announces its refactor on import
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+
+with warnings.catch_warnings():  # ArviZ announces its refactor on import
+    warnings.simplefilter("ignore", FutureWarning)
+
+__all__ = [
+    "sample_loss_law",
+    "pointwise_log_likelihood",
+    "Identification",
+    "identification",
+    "sample_plane",
+    "acceptance_pointwise_log_likelihood",
+    "laws_from_posterior",
+    "planes_from_posterior",
+    "save_inference_data",
+]
+
+
+def _group_index(index: ArrayLike, shape: tuple, message: str) -> np.ndarray:
+    """A random effect's group of each row, checked: one non-negative integer per row (else ``message``)."""
+    index = np.asarray(index)
+    if index.shape != shape or not np.issubdtype(index.dtype, np.integer) or index.min(initial=0) < 0:
+        raise ValueError(message)
+    return index
+
+
+def sample_loss_law(
+    n_params: ArrayLike,
+    n_tokens: ArrayLike,
+    loss: ArrayLike,
+    *,
+    init,
+    family: LossLawFamily | None = None,
+    num_chains: int = 4,
+    num_warmup: int = 500,
+    num_samples: int = 500,
+    seed: int = 0,
+    run: ArrayLike | None = None,
+    progress_bar: bool = True,
+    target_accept: float = 0.9,
+    summarize: bool = True,
+    progress: Callable[[str], None] | None = None,
+    dense_mass: bool = True,
+) -> PosteriorRun:
+    """NUTS posterior of a loss law on runs (N, D, L), started around the point fit ``init``.
+
+    ``family`` defaults to the shipped family of ``init``'s type. ``run`` (an integer per row,
+    e.g. :meth:`sdsl_jax.data.PretrainingRuns.run_index`) selects the hierarchical model with
+    per-run effects (:func:`run_effects_model_for`); None keeps rows independent. The samples
+    then also hold ``centre_log_d`` (the data's mean log D, for :func:`new_run_offsets`).
+    ``summarize=False`` skips the ArviZ conversion and diagnostics (``inference_data`` and
+    ``diagnostics`` are then None): for loops over many small fits such as calibration.
+    ``progress`` receives a line after the warm-up and after each fifth of the draws (draws done,
+    time left); the draws are the same with or without it.
+
+    ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients are strongly
+    correlated (a scale with its exponent, the irreducible loss with both), which a diagonal
+    metric can only follow with long trajectories, many at the maximum tree depth
+    (:attr:`Diagnostics.max_tree_depth_share`; ``docs/results/chinchilla_reference.md`` has the comparison).
+    """
+    family = family_of(init) if family is None else family
+    log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
+    theta = np.asarray(family.to_theta(init), np.float64)
+    residual = np.asarray(log_loss) - np.asarray(family.log_prediction(jnp.asarray(theta), log_n, log_d))
+    centre = unconstrained_centre(family.prior, dict(zip(family.theta_names, theta)))
+    scale = max(np.median(np.abs(residual)) * 1.4826, 1e-4)
+    centre.update(sigma=float(np.log(scale)), nu=float(np.log(5.0)))
+    if run is not None:
+        run = _group_index(run, np.shape(loss), "run must hold one non-negative integer per row "
+                                                "(PretrainingRuns.run_index())")
+    model, args = _loss_law_model(family, log_n, log_d, run)
+    args = (*args, log_loss)
+    if run is not None:
+        count = int(run.max(initial=-1)) + 1
+        centre.update(sigma=float(np.log(scale / np.sqrt(2))), run_sd=float(np.log(scale / np.sqrt(2))),
+                      run_slope_sd=float(np.log(0.01)))
+        # The per-run z start at zero (NumPyro's uniform init would scatter them over [-2, 2]).
+        centre.update(run_z=np.zeros(count), run_slope_z=np.zeros(count))
+    out = run_nuts(model, args,
+                     init_params=jittered_starts(centre, num_chains, seed, 0.02),
+                     var_names=loss_law_sites(family, run_effects=run is not None),
+                     num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
+                     progress_bar=progress_bar, target_accept=target_accept, summarize=summarize,
+                     progress=progress, dense_mass=dense_mass)
+    if run is not None:
+        out.samples["centre_log_d"] = np.asarray(float(jnp.mean(log_d)))
+    return out
+
+
+def _loss_law_model(family: LossLawFamily, log_n, log_d, run) -> tuple[Callable, tuple]:
+    """The loss law's NumPyro model and its arguments before ``log_loss``: i.i.d. rows, or per-run effects."""
+    if run is None:
+        return loss_law_model_for(family), (log_n, log_d)
+    run = np.asarray(run)
+    return run_effects_model_for(family), (log_n, log_d, jnp.asarray(run), jnp.zeros(int(run.max(initial=-1)) + 1))
+
+
+def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFamily, n_params: ArrayLike,
+                             n_tokens: ArrayLike, loss: ArrayLike, *, run: ArrayLike | None = None) -> np.ndarray:
+    """log p(log L_i | draw) for every posterior draw and row, shape ``(draws, rows)``.
+
+    The model is the one :func:`sample_loss_law` sampled (with per-run effects when ``run`` is
+    given, each row then conditioned on its run's own effects). Input of PSIS-LOO and stacking.
+    """
+    log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
+    model, args = _loss_law_model(family, log_n, log_d, run)
+    sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items() if k != "centre_log_d"}
+    with jax.numpy_dtype_promotion("standard"):
+        ll = numpyro.infer.log_likelihood(model, sites, *args, log_loss=log_loss)["log_loss"]
+    return np.asarray(ll)
+
+
+class Identification(NamedTuple):
+    """How much the data identify each parameter of a posterior.
+
+    Attributes:
+      names: the parameters (the family's fitting coordinates theta).
+      contraction: ``1 - var_posterior / var_prior`` per parameter: near 1 the data pin it down,
+        near 0 (or below) the posterior is the prior.
+      correlation: posterior correlation matrix of the parameters.
+      flags: one sentence per problem (empty when every parameter is identified).
+    """
+
+    names: tuple[str, ...]
+    contraction: np.ndarray
+    correlation: np.ndarray
+    flags: tuple[str, ...]
+
+
+def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num_prior: int = 4000, seed: int = 0,
+                   min_contraction: float = 0.5, max_correlation: float = 0.95) -> Identification:
+    """Flag loss-law parameters the data do not identify, from the posterior against the prior.
+
+    A parameter whose posterior keeps more than half its prior variance (contraction below
+    ``min_contraction``) is "weakly identified"; a pair with posterior ``|correlation|`` above
+    ``max_correlation`` is identified only in combination when one of the two also keeps more
+    than 10% of its prior variance. (A coefficient and its exponent, log A and alpha, trade off
+    around the data's centre: on Chinchilla they correlate at 0.999 while each keeps under 1% of
+    its prior variance and every prediction is pinned down, which is no identification problem.)
+    Both are computed in the family's fitting coordinates (log coefficients), where the prior
+    is stated.
+    """
+    names = tuple(family.theta_names)
+    draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed))
+    prior = np.stack([np.asarray(draws[n]).reshape(-1) for n in names], axis=1)
+    post = np.stack([np.asarray(samples[n]).reshape(-1) for n in names], axis=1)
+    contraction = 1.0 - post.var(0) / prior.var(0)
+    correlation = np.corrcoef(post, rowvar=False)
+    flags = [f"{n}: weakly identified (the posterior keeps {1 - c:.0%} of the prior's variance)"
+             for n, c in zip(names, contraction) if c < min_contraction]
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            if abs(correlation[i, j]) > max_correlation and min(contraction[i], contraction[j]) < 0.9:
+                flags.append(f"{names[i]} and {names[j]}: identified only together (posterior correlation "
+                             f"{correlation[i, j]:+.3f})")
+    return Identification(names, contraction, correlation, tuple(flags))
+
+
+def sample_plane(
+    ppl_draft: ArrayLike,
+    ppl_target: ArrayLike,
+    alpha: ArrayLike,
+    *,
+    weights: ArrayLike | None = None,
+    model: AcceptanceModel = PLANE,
+    draft: ArrayLike | None = None,
+    target: ArrayLike | None = None,
+    num_chains: int = 4,
+    num_warmup: int = 500,
+    num_samples: int = 500,
+    seed: int = 0,
+    progress_bar: bool = True,
+    target_accept: float | None = None,
+    summarize: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> PosteriorRun:
+    """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` and
+    ``progress`` as in :func:`sample_loss_law`.
+
+    ``draft`` and ``target`` (an integer model per pair, e.g.
+    :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
+    effect per draft and per target model (:func:`model_effects_plane_model_for`); None keeps
+    pairs independent. That model runs NUTS with a dense mass matrix and ``target_accept``
+    0.99 by default (0.9 otherwise): a draft's effect and the coefficient of its perplexity are
+    correlated (each draft model has one perplexity), which a diagonal metric mixes slowly, and
+    with few targets their effects' scale sits near zero, where only small steps avoid
+    divergences.
+    """
+    x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
+    w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
+    # Start at the weighted least-squares fit on the link's scale (standardised coordinates), sigma at its residual.
+    u, v = (np.asarray(f) for f in model.features(x, y))
+    us, vs = (u - np.mean(u)) / (np.std(u) + 1e-12), (v - np.mean(v)) / (np.std(v) + 1e-12)
+    design = np.stack([us, vs, np.ones_like(us)], 1) * np.sqrt(np.asarray(w))[:, None]
+    eta = np.asarray(model.to_link(a))
+    coef, *_ = np.linalg.lstsq(design, eta * np.sqrt(np.asarray(w)), rcond=None)
+    resid = eta - np.stack([us, vs, np.ones_like(us)], 1) @ coef
+    sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
+    centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
+                  sigma=float(np.log(max(sigma0, 1e-4))))
+    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    var_names, dense = PLANE_SITES, False
+    if draft is not None:
+        var_names, dense = PLANE_SITES + MODEL_EFFECT_SITES, True
+        # The residual variance split evenly between pairs, drafts and targets; the z start at zero.
+        third = float(np.log(max(sigma0, 1e-4) / np.sqrt(3)))
+        centre.update(sigma=third, draft_sd=third, target_sd=third,
+                      draft_z=np.zeros(args[4].shape[0]), target_z=np.zeros(args[6].shape[0]))
+    return run_nuts(numpyro_model, (*args, a), init_params=jittered_starts(centre, num_chains, seed, 0.05),
+                     var_names=var_names, num_chains=num_chains, num_warmup=num_warmup,
+                     num_samples=num_samples, seed=seed, progress_bar=progress_bar,
+                     target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
+                     summarize=summarize, dense_mass=dense, progress=progress)
+
+
+def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:
+    """The acceptance model's NumPyro model and its arguments before ``alpha``: independent pairs,
+    or per-draft and per-target model effects."""
+    if (draft is None) != (target is None):
+        raise ValueError("give both draft and target (one integer model per pair), or neither")
+    if draft is None:
+        return plane_model_for(model), (x, y, w)
+    groups = []
+    for name, index in (("draft", draft), ("target", target)):
+        index = _group_index(index, shape, f"{name} must hold one non-negative integer per pair "
+                                           "(AcceptanceMeasurements.model_index())")
+        groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
+    return model_effects_plane_model_for(model), (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
+
+
+def acceptance_pointwise_log_likelihood(samples: dict[str, np.ndarray], model: AcceptanceModel, ppl_draft: ArrayLike,
+                                        ppl_target: ArrayLike, alpha: ArrayLike, *, weights: ArrayLike | None = None,
+                                        draft: ArrayLike | None = None,
+                                        target: ArrayLike | None = None) -> np.ndarray:
+    """log p(alpha_i | draw) for every posterior draw and pair, shape ``(draws, pairs)``.
+
+    The model is the one :func:`sample_plane` sampled (with per-model effects when ``draft`` and
+    ``target`` are given, each pair then conditioned on its models' effects). Input of PSIS-LOO
+    and stacking over acceptance models, as :func:`pointwise_log_likelihood` is for loss laws.
+    """
+    x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
+    w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
+    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    sites = {k: jnp.asarray(v) for k, v in samples.items() if k not in ("A", "B", "C")}
+    with jax.numpy_dtype_promotion("standard"):
+        ll = numpyro.infer.log_likelihood(numpyro_model, sites, *args, alpha=a)["alpha_obs"]
+    return np.asarray(ll)
+
+
+def laws_from_posterior(samples: dict[str, np.ndarray], family: LossLawFamily = CHINCHILLA):
+    """Posterior draws of the family's theta as its law, with fields of shape ``(draws,)``."""
+    theta = np.stack([samples[k] for k in family.theta_names], axis=-1)
+    law = family.from_theta(theta)
+    return type(law)(*(np.asarray(v) for v in law))
+
+
+def planes_from_posterior(samples: dict[str, np.ndarray], model: AcceptanceModel = PLANE):
+    """Posterior draws of (A, B, C) as the acceptance model's coefficients."""
+    return model.params_type(A=samples["A"], B=samples["B"], C=samples["C"])
+
+
+
+def save_inference_data(idata: az.InferenceData, path: str | os.PathLike) -> None:
+    """Write the posterior as netCDF, atomically."""
+    from sdsl_jax.store import atomic_write
+
+    atomic_write(path, idata.to_netcdf)

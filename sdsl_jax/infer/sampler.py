@@ -1,0 +1,292 @@
+"""NUTS runs and their checks.
+
+Several chains (vectorised on one device, one per device when there are enough), started
+around a point in unconstrained space with per-chain jitter so that R-hat can see disagreement.
+A sampler is compiled once per model and data shapes and reused (calibration and closures fit
+the same model to many same-shaped datasets). Every run is checked (:func:`check_diagnostics`):
+split R-hat, bulk ESS, divergences and the share of draws at NUTS's maximum tree depth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+import warnings
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import numpyro.util
+from numpyro.infer import MCMC, NUTS
+
+with warnings.catch_warnings():  # ArviZ announces its refactor on import
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+
+__all__ = [
+    "Diagnostics",
+    "PosteriorRun",
+    "check_diagnostics",
+    "MAX_TREE_DEPTH",
+    "compiled_loop_reuse",
+    "clear_sampler_caches",
+    "run_nuts",
+    "jittered_starts",
+    "unconstrained_centre",
+]
+
+
+class Diagnostics(NamedTuple):
+    """Convergence checks of a posterior run; ``ok`` is False when any check fails.
+
+    ``mean_steps`` (leapfrog steps per draw) and ``max_tree_depth_share`` (the share of draws whose
+    trajectory reached NUTS's maximum tree depth) describe the sampler's geometry: hundreds of steps
+    per draw, or many draws at the cap, mean a badly scaled posterior that costs time; more than 1%
+    at the cap fails the checks. NaN where not recorded.
+    """
+
+    max_rhat: float
+    min_ess_bulk: float
+    num_divergences: int
+    ok: bool
+    problems: tuple[str, ...]
+    mean_steps: float = float("nan")
+    max_tree_depth_share: float = float("nan")
+
+
+class PosteriorRun(NamedTuple):
+    """A finished NUTS run: draws per site (chains flattened), ArviZ data, diagnostics."""
+
+    samples: dict[str, np.ndarray]
+    inference_data: az.InferenceData | None
+    diagnostics: Diagnostics | None
+
+
+def check_diagnostics(
+    idata: az.InferenceData, divergences: int, *, var_names, max_rhat: float = 1.01, min_ess: float = 400.0,
+    num_steps=None, max_tree_depth: int = 10, max_tree_depth_share: float = 0.01,
+) -> Diagnostics:
+    """Split R-hat (rank-normalised), bulk ESS, divergences and NUTS's tree depth against the usual thresholds.
+
+    Thresholds follow Vehtari et al. (2021), "Rank-normalization, folding, and localization":
+    R-hat < 1.01 and bulk ESS > 400 over all chains; any divergence is reported. More than
+    ``max_tree_depth_share`` of the draws at the maximum tree depth fails too: trajectories cut
+    short explore slowly, and cost the most time a draw can.
+    """
+    rhat = az.rhat(idata, var_names=list(var_names))
+    ess = az.ess(idata, var_names=list(var_names), method="bulk")
+    worst_rhat = max(float(np.max(rhat[v].values)) for v in var_names)
+    worst_ess = min(float(np.min(ess[v].values)) for v in var_names)
+    problems = []
+    if not worst_rhat < max_rhat:
+        problems.append(f"R-hat {worst_rhat:.3f} >= {max_rhat} (chains disagree)")
+    if not worst_ess > min_ess:
+        problems.append(f"bulk ESS {worst_ess:.0f} <= {min_ess:.0f} (too few effective draws)")
+    if divergences:
+        problems.append(f"{divergences} divergent transitions")
+    steps = np.asarray(num_steps if num_steps is not None else np.nan, np.float64).ravel()
+    at_cap = float(np.mean(steps >= 2**max_tree_depth - 1)) if num_steps is not None else float("nan")
+    if at_cap > max_tree_depth_share:
+        problems.append(f"{at_cap:.0%} of draws at the maximum tree depth (a badly scaled posterior: "
+                        "reparametrise, or a dense mass matrix)")
+    return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems),
+                       float(np.mean(steps)), at_cap)
+
+
+def _chain_method(num_chains: int) -> str:
+    return "parallel" if jax.local_device_count() >= num_chains > 1 else "vectorized"
+
+
+MAX_TREE_DEPTH = 10
+"""NUTS's maximum tree depth (NumPyro's default): at most 2^10 - 1 leapfrog steps per draw."""
+
+
+@functools.lru_cache(maxsize=16)
+def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass=False,
+          shapes=()) -> MCMC:
+    # Reused across calls with data of the same shapes (jit_model_args): repeated fits, such as
+    # calibration over many synthetic datasets, compile once. ``shapes`` (of the data and the
+    # starting points) is only part of the key: an MCMC object holds state traced for one set of
+    # shapes (its vectorised chains fail on another), so other shapes get their own.
+    return MCMC(
+        NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass, max_tree_depth=MAX_TREE_DEPTH),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains, chain_method=_chain_method(num_chains), progress_bar=progress_bar,
+        jit_model_args=True,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_once(fn, args, kwargs):
+    return _NUMPYRO_MAYBE_JIT(fn, *args, **dict(kwargs))
+
+
+def _memoised_maybe_jit(fn, *args, **kwargs):
+    try:
+        return _jitted_once(fn, args, tuple(sorted(kwargs.items())))
+    except TypeError:  # unhashable options: as NumPyro does
+        return _NUMPYRO_MAYBE_JIT(fn, *args, **kwargs)
+
+
+_NUMPYRO_MAYBE_JIT = getattr(numpyro.util, "maybe_jit", None)
+
+
+@contextlib.contextmanager
+def _sampling_loop_compiled_once():
+    """Let a cached MCMC reuse its compiled sampling loop for new data of the same shapes.
+
+    NumPyro's ``fori_collect`` caches its loop body but wraps it in a NEW ``jax.jit`` object on
+    every run, and passes that object as a static argument of the jitted loop: the loop is
+    compiled again on every run (most of a small posterior's time; ``make bench``'s ``nuts``
+    section measures it). Returning the same jit wrapper for the same function and options makes
+    the second run of one model on same-shaped data compile nothing; the computation, and so
+    every draw, is unchanged. Single-chain and sequential runs profit (calibration over many
+    synthetic datasets, repeated fits); runs vectorised or mapped over chains are traced anew
+    by NumPyro anyway. Without ``numpyro.util.maybe_jit`` (another NumPyro) this does nothing.
+    """
+    if _NUMPYRO_MAYBE_JIT is None:
+        yield
+        return
+    numpyro.util.maybe_jit = _memoised_maybe_jit
+    try:
+        yield
+    finally:
+        numpyro.util.maybe_jit = _NUMPYRO_MAYBE_JIT
+
+
+_reuse_loops = True
+
+
+@contextlib.contextmanager
+def compiled_loop_reuse(enabled: bool):
+    """Within the block, reuse NumPyro's compiled sampling loop across same-shaped runs (the
+    default) or not (NumPyro's own behaviour, which compiles the loop again on every run): the
+    benchmark of the reuse compares both. The draws are the same either way."""
+    global _reuse_loops
+    previous, _reuse_loops = _reuse_loops, enabled
+    try:
+        yield
+    finally:
+        _reuse_loops = previous
+
+
+def clear_sampler_caches() -> None:
+    """Forget every compiled sampler (ours, NumPyro's loop cache and JAX's), e.g. between studies
+    that would otherwise keep many programs alive."""
+    _mcmc.cache_clear()
+    _jitted_once.cache_clear()
+    getattr(numpyro.util.fori_collect, "_cache", {}).clear()
+    jax.clear_caches()
+
+
+def _draw_chunk(num_samples: int, pieces: int = 5) -> int:
+    """The draws per chain of each progress report: a divisor of ``num_samples`` near a fifth of it,
+    so that every piece runs one compiled loop (``num_samples`` itself when none fits)."""
+    target = max(1, num_samples // pieces)
+    sizes = [k for k in range(max(1, target // 2), num_samples // 2 + 1) if num_samples % k == 0]
+    return min(sizes, key=lambda k: (abs(k - target), k)) if sizes else num_samples
+
+
+def run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmup, num_samples, seed,
+              progress_bar, target_accept, summarize, dense_mass=False,
+              progress: Callable[[str], None] | None = None) -> PosteriorRun:
+    """NUTS in one compiled run, or with ``progress``: warm-up, then the draws in about five pieces,
+    each reported with the draws done and the time left. Continuing from the last state draws
+    exactly what one run draws (same keys, same adapted step size and mass matrix)."""
+    shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
+                   for leaf in jax.tree.leaves((model_args, init_params)))
+    chunk = _draw_chunk(num_samples) if progress is not None else num_samples
+    mcmc = _mcmc(model, num_chains, num_warmup, chunk, progress_bar, target_accept, dense_mass, shapes)
+    extra_fields = ("diverging", "num_steps")
+    # numpyro's own x64 and dtype handling sit under "standard" promotion.
+    reuse = _sampling_loop_compiled_once() if _reuse_loops else contextlib.nullcontext()
+    with jax.numpy_dtype_promotion("standard"), reuse:
+        if progress is None:
+            mcmc.run(jax.random.PRNGKey(seed), *model_args, init_params=init_params, extra_fields=extra_fields)
+            pieces = [(mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True))]
+        else:
+            pieces = _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples,
+                                    extra_fields, progress)
+    grouped = {k: np.concatenate([np.asarray(p[0][k]) for p in pieces], axis=1) for k in pieces[0][0]}
+    extra = {k: np.concatenate([np.asarray(p[1][k]) for p in pieces], axis=1) for k in extra_fields}
+    samples = {k: v.reshape(-1, *v.shape[2:]) for k, v in grouped.items()}
+    if not summarize:
+        return PosteriorRun(samples, None, None)
+    divergences = int(np.sum(extra["diverging"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        idata = az.from_dict(posterior=grouped, sample_stats={"diverging": extra["diverging"],
+                                                              "n_steps": extra["num_steps"]})
+    return PosteriorRun(samples, idata, check_diagnostics(idata, divergences, var_names=var_names,
+                                                          num_steps=extra["num_steps"],
+                                                          max_tree_depth=MAX_TREE_DEPTH))
+
+
+def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples, extra_fields,
+                   progress) -> list:
+    chunk = mcmc.num_samples
+    progress(f"warm-up: {num_chains} chains x {num_warmup} iterations")
+    start = time.perf_counter()
+    try:
+        mcmc.warmup(jax.random.PRNGKey(seed), *model_args, init_params=init_params)
+        progress(f"warm-up done in {time.perf_counter() - start:.0f} s; draws 0/{num_samples} per chain")
+        start, pieces = time.perf_counter(), []
+        for done in range(chunk, num_samples + 1, chunk):
+            mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
+            pieces.append((mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)))
+            mcmc.post_warmup_state = mcmc.last_state
+            now = time.perf_counter()
+            if done == chunk:  # the first piece also compiles the sampling loop: time the others
+                start, left = now, None
+            else:
+                left = (now - start) / (done - chunk) * (num_samples - done)
+            progress(f"draws {done}/{num_samples} per chain"
+                     + (f", about {left:.0f} s left" if left is not None and done < num_samples else ""))
+    finally:
+        mcmc.post_warmup_state = None  # the cached sampler starts the next call from its own warm-up
+    return pieces
+
+
+def jittered_starts(centre: dict[str, float], num_chains: int, seed: int, scale: float) -> dict[str, jax.Array]:
+    """Per-chain starting points in unconstrained space, spread around ``centre``."""
+    key = jax.random.PRNGKey(seed + 7919)
+    out = {}
+    for i, (name, value) in enumerate(centre.items()):
+        value = jnp.asarray(value, jnp.float64)  # a scalar, or one value per run
+        noise = scale * jax.random.normal(jax.random.fold_in(key, i), (num_chains, *value.shape))
+        out[name] = value + noise if num_chains > 1 else value + noise[0]
+    return out
+
+
+def unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str, float]:
+    """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites).
+
+    A point fit can end on the boundary of a site's support (an exponent at 0, a coefficient
+    underflowing); such a value is moved just inside, so that the chains start finite. A point
+    fit can also send a log-coefficient to minus infinity (the ladder's irreducible loss E
+    underflows to 0 at the optimum); a real site is therefore started within 5 prior standard
+    deviations of its prior mean, where the prior's gradient does not overflow the first step.
+    """
+    with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
+        prior()
+    out = {}
+    for name, value in values.items():
+        fn = trace[name]["fn"]
+        support = fn.support
+        if support is dist.constraints.real:
+            value = float(np.nan_to_num(float(value), nan=0.0))
+            try:
+                mean, sd = float(fn.mean), float(np.sqrt(fn.variance))
+            except (NotImplementedError, TypeError):
+                mean, sd = 0.0, np.inf
+            out[name] = float(np.clip(value, mean - 5 * sd, mean + 5 * sd)) if np.isfinite(sd) else value
+        elif support is dist.constraints.positive:
+            out[name] = float(np.log(max(float(value), 1e-8)))
+        else:
+            out[name] = float(np.clip(np.nan_to_num(float(dist.biject_to(support).inv(jnp.asarray(value)))), -30, 30))
+    return out

@@ -1,0 +1,236 @@
+"""What a fit reports: summary.json's record of a :class:`~sdsl_jax.pipeline.PipelineResult`, and the
+table printed from it.
+
+The record holds provenance (command, date, seed, versions, data digests), the settings and the
+assumptions with their sources, the point fits, N* per named target and on the grid and, with a
+posterior, its diagnostics, identification and bands; :func:`format_table` reads only the record,
+so a summary.json written earlier prints the same table.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from sdsl_jax.assumptions import extrapolation, format_assumptions, perplexity_scale
+from sdsl_jax.costs import target_alone_cost
+from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
+from sdsl_jax.figures import format_size
+from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
+from sdsl_jax.pipeline import PipelineResult
+from sdsl_jax.protocols import IterationCostModel, LossLawModel
+
+__all__ = [
+    "interval",
+    "summary_record",
+    "add_posterior_record",
+    "add_data_checks",
+    "diagnostics_advice",
+    "format_table",
+]
+
+PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
+
+
+def interval(draws, level=0.9):
+    with warnings.catch_warnings():  # every draw failed (e.g. no speed-up): NaN, reported as null
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, med, hi = np.nanquantile(np.asarray(draws), [(1 - level) / 2, 0.5, (1 + level) / 2])
+    return dict(median=float(med), lo90=float(lo), hi90=float(hi))
+
+
+def summary_record(result: PipelineResult, *, header: dict, data: dict, assumptions: dict, settings: dict,
+                   cost: IterationCostModel, latency: dict | None = None) -> dict:
+    """summary.json without the posterior's part: provenance (``header``: command, date, seed, versions;
+    ``data``: the files read), the settings, the point fits, N* per named target and on the grid.
+
+    ``settings`` (the run's choices) gains the NUTS settings' ``run_effects`` and ``model_effects``
+    from the posterior when there is one; ``latency`` (the latency model, when ``cost`` is one) makes
+    T* tokens per second instead of tokens per FLOP.
+    """
+    point, post, pred = result.point, result.posterior, result.prediction
+    grid_sol, named_sol, line = pred.grid, pred.named, pred.linear_law
+    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
+    throughput_key = "tokens_per_second" if latency is not None else "tokens_per_flop"
+    plane = point.plane
+    plane_info = (dict(source="fitted (weighted least squares)", model=point.acceptance_model.name,
+                       r_squared=point.plane_r_squared) if point.plane_fitted
+                  else dict(source="SDSL2026 (paper's values, fixed: no acceptance data)", model="plane"))
+    if post is not None:
+        settings = dict(settings, run_effects="run_sd" in post.law_run.samples,
+                        model_effects=post.plane_run is not None and "draft_sd" in post.plane_run.samples)
+    return dict(
+        **header, data=data, assumptions=assumptions, settings=settings,
+        loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=point.family.name,
+                      objective=point.objective, converged=point.converged,
+                      not_unique=list(point.not_unique)),
+        plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
+        linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
+        paper=dict(mu=PAPER_MU, m0=PAPER_M0),
+        latency=latency,
+        targets=[dict(m_target=float(m), n_star=float(named_sol.n_star[i]), gamma_star=float(named_sol.gamma_star[i]),
+                      alpha=float(named_sol.alpha[i]), m_over_n_star=float(m / named_sol.n_star[i]),
+                      **{throughput_key: float(named_sol.throughput[i])},
+                      speedup=float(named_sol.throughput[i] * target_alone_cost(cost, m)), status=int(named_sol.status[i]))
+                 for i, m in enumerate(named)],
+        grid=dict(m_target=m_grid.tolist(), n_star=np.asarray(grid_sol.n_star).tolist(),
+                  gamma_star=np.asarray(grid_sol.gamma_star).tolist()),
+    )
+
+
+def add_posterior_record(summary: dict, result: PipelineResult, *, cost: IterationCostModel) -> None:
+    """The posterior's part of summary.json: diagnostics, identification, intervals of every
+    coefficient and residual scale, and the bands on N*, M/N*, gamma*, T* and the linear law."""
+    point, post, pred = result.point, result.posterior, result.prediction
+    m_grid, named = np.asarray(pred.m_grid), np.asarray(pred.targets)
+    throughput_key = "tokens_per_second" if summary.get("latency") else "tokens_per_flop"
+    diagnostics = {name: diag._asdict() for name, diag in post.diagnostics.items()}
+    bands, nb = pred.bands, pred.target_bands
+    laws, planes = result.draws
+    q = list(bands.quantiles)
+    i05, i50, i95 = q.index(0.05), q.index(0.5), q.index(0.95)
+    for j, target in enumerate(summary["targets"]):
+        target.update(n_star_median=float(nb.n_star[i50, j]), n_star_lo90=float(nb.n_star[i05, j]),
+                      n_star_hi90=float(nb.n_star[i95, j]),
+                      m_over_n_star_lo90=float(nb.m_over_n[i05, j]),
+                      m_over_n_star_hi90=float(nb.m_over_n[i95, j]),
+                      gamma_star_lo90=float(nb.gamma_star[i05, j]),
+                      gamma_star_hi90=float(nb.gamma_star[i95, j]),
+                      speedup_lo90=float(nb.throughput[i05, j] * target_alone_cost(cost, named[j])),
+                      speedup_hi90=float(nb.throughput[i95, j] * target_alone_cost(cost, named[j])),
+                      failed_fraction=float(nb.failed_fraction[j]))
+    ident = post.identification
+    summary["posterior"] = dict(
+        diagnostics=diagnostics,
+        identification=dict(
+            meaning="contraction = 1 - posterior variance / prior variance, in the law's fitting coordinates; "
+                    "flags: parameters the data do not identify",
+            contraction=dict(zip(ident.names, map(float, ident.contraction))), flags=list(ident.flags)),
+        loss_law={k: interval(v) for k, v in laws._asdict().items()},
+        residuals=dict(
+            meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
+                    "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
+                    "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
+                    "effects); the bands include them unless --mean-only",
+            **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
+               for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
+            **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
+                np.asarray(post.plane_run.samples[k]).reshape(-1))
+                for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
+               if post.plane_run is not None else {})),
+        plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
+        linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
+        bands=dict(quantiles=q, m_target=m_grid.tolist(), n_star=bands.n_star.tolist(),
+                   m_over_n_star=bands.m_over_n.tolist(), gamma_star=bands.gamma_star.tolist(),
+                   **{throughput_key: bands.throughput.tolist()}, failed_fraction=bands.failed_fraction.tolist()),
+    )
+
+
+def add_data_checks(summary: dict, law: LossLawModel, *, runs: PretrainingRuns,
+                    acceptance: AcceptanceMeasurements | None) -> list[str]:
+    """How far each answer reaches beyond the data, and whether the law and the acceptance data speak of
+    the same perplexities: in ``summary``; returns one warning for each thing that is off."""
+    warnings_ = []
+    drafts = np.unique(acceptance.n_draft) if acceptance is not None else None
+    measured = np.unique(acceptance.n_target) if acceptance is not None else None
+    for t in summary["targets"]:
+        n_star = t.get("n_star_median", t["n_star"])
+        t["beyond_data"] = extrapolation(t["m_target"], n_star if n_star is not None else np.nan,
+                                         run_sizes=runs.n_params, draft_sizes=drafts, target_sizes=measured).as_dict()
+    flagged = [t for t in summary["targets"] if t["beyond_data"]["flags"]]
+    if flagged:
+        warnings_.append(f"{len(flagged)} of {len(summary['targets'])} targets lie beyond the data (column 'beyond data'): "
+                    "their N* is an extrapolation of the law")
+    if acceptance is not None:
+        scale = perplexity_scale(law, acceptance)
+        summary["perplexity_scale"] = scale.as_dict()
+        if not scale.consistent:
+            warnings_.append(scale.message)
+    return warnings_
+
+
+def diagnostics_advice(name: str, post) -> str:
+    """What to do about a posterior that failed its checks: where the data leave parameters
+    unidentified, longer chains only wander further along the ridge; name them and the data that
+    would separate them."""
+    flags = list(post.identification.flags) if name == "loss_law" else []
+    if flags:
+        return ("The data do not identify: " + "; ".join(flags) + ". Longer chains will not fix this: add runs at "
+                "more model sizes and more budgets per size (the N and D terms need each to vary on its own), fix "
+                "the parameter from elsewhere, or choose a form with fewer coefficients (--law).")
+    checks = dict(post.diagnostics.items()) if getattr(post, "diagnostics", None) is not None else {}
+    depth = checks[name].max_tree_depth_share if name in checks else float("nan")
+    if depth > 0.01:
+        return (f"{depth:.0%} of draws hit NUTS's maximum tree depth: the posterior is badly scaled or curved (a "
+                "coefficient barely constrained, or two that trade off non-linearly). More draws will not help; a form "
+                "with fewer coefficients (--law) or data that pin the weak one will.")
+    if name == "plane":
+        return ("Check that the pairs cover several draft and target perplexities (a plane needs both to vary), "
+                "or turn the per-model effects off (--run-effects off) where few models repeat; then run longer "
+                "(--warmup/--draws).")
+    return "Run longer (--warmup/--draws) or more chains."
+
+
+def format_table(summary: dict) -> str:
+    """The answer as text: the assumptions, the laws with their intervals, N* per target with its band,
+    the linear law, the stacked forms and every caveat the summary records."""
+    lines = []
+    print = lines.append  # noqa: A001 - the table is built line by line as it reads
+    post = summary.get("posterior")
+    print("\n" + "\n".join(format_assumptions(summary["assumptions"])))
+    law = summary["loss_law"]
+    print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
+    for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:
+        extra = ""
+        if post:
+            i = post["loss_law"][k]
+            extra = f"   {i['median']:.4g} [{i['lo90']:.4g}, {i['hi90']:.4g}]"
+        print(f"  {k:>5} = {law[k]:<10.5g}{extra}")
+    p = summary["plane"]
+    print(f"Acceptance ({p['model']}): A={p['A']:.5g} B={p['B']:.5g} C={p['C']:.5g}  ({p['source']})")
+    print("\n  target M |  N* median [90% band]          | N* (point) |  M/N* | gamma* | alpha  | speedup [90%]"
+          "        | beyond data")
+    for t in summary["targets"]:
+        band = (f"{format_size(t['n_star_median']):>8} [{format_size(t['n_star_lo90'])}, {format_size(t['n_star_hi90'])}]"
+                if "n_star_median" in t else "(run with --posterior)")
+        failed = t.get("failed_fraction", 0.0) or 0.0
+        if failed > 0.05:  # a band from under 95% of the draws: say so beside it
+            band += f" *{failed:.0%} failed"
+        speed = f"x{t['speedup']:.2f}" + (f" [{t['speedup_lo90']:.2f}, {t['speedup_hi90']:.2f}]"
+                                          if "speedup_lo90" in t else "")
+        flags = "; ".join(t["beyond_data"]["flags"]) if t.get("beyond_data") else ""
+        print(f"  {format_size(t['m_target']):>8} | {band:<30} | {format_size(t['n_star']):>10} | {t['m_over_n_star']:5.0f} | "
+              f"{t['gamma_star']:6.2f} | {t['alpha']:.4f} | {speed:<20} | {flags or '-'}")
+    if any((t.get("failed_fraction", 0.0) or 0.0) > 0.05 for t in summary["targets"]):
+        print("  (*: that share of the posterior draws had no solved N*; the band is of the rest)")
+    unit = "tokens per second (--cost latency)" if summary.get("latency") else "tokens per FLOP"
+    print(f"  (speedup: T* over the target decoding alone, in {unit})")
+    ll = summary["linear_law"]
+    if ll:
+        txt = f"\nLinear law N* = mu M + M0: mu = {ll['mu']:.4g}, M0 = {ll['m0']:.4g}"
+        if post:
+            mu, m0 = post["linear_law"]["mu"], post["linear_law"]["m0"]
+            txt += (f"   posterior mu {mu['median']:.4g} [{mu['lo90']:.4g}, {mu['hi90']:.4g}], "
+                    f"M0 {m0['median']:.4g} [{m0['lo90']:.4g}, {m0['hi90']:.4g}]")
+        print(txt + f"   (paper: mu = {PAPER_MU}, M0 = {PAPER_M0:.3g})")
+    if summary.get("stacking"):
+        st = summary["stacking"]
+        print("\nForms stacked (" + st["method"] + "):")
+        for i, name in enumerate(st["forms"]):
+            print(f"  {name:>10}: weight {st['weights'][i]:.3f}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
+                  f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(format_size(v) for v in st["n_star_point"][name]))
+        for name, why in st["skipped"].items():
+            print(f"  {name:>10}: not fitted ({why})")
+        print("  The bands above are the stacked mixture's.")
+    if law.get("not_unique"):
+        print("The point fit is not unique (rival optima within 1% of its objective differ in "
+              + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")
+    if post and post["identification"]["flags"]:
+        print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))
+    if "plane_sensitivity" in summary:
+        s = summary["plane_sensitivity"]
+        print("Sensitivity of N* to the fixed plane (d log N* / d log |coef|): " + ", ".join(
+            f"{k} {np.mean(s[k]):+.2f}" for k in ("A", "B", "C")))
+    print("")
+    return "\n".join(lines)

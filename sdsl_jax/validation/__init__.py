@@ -1,0 +1,19 @@
+"""Checks of the method against measured models: library functions that return records, with the
+report writers (markdown, figures) kept apart from the computation.
+
+===============  ======================================================================================
+closure          for every target of measured speculative runs, the law's predicted best draft, alpha,
+                 T and N* against the measured ones; the measured side's bootstrap over prompts; the
+                 forecast scored (:func:`~sdsl_jax.validation.closure.close_loop`)
+forms            forms fitted side by side and stacked (:func:`~sdsl_jax.validation.forms.fit_forms`),
+                 the in-sample fit and the prospective refits without a draft size
+closure_report   the closure's markdown table and figure
+holdout          each model size held out in turn: coverage of the predictive bands, grouped
+                 leave-one-size-out log densities, stacking weights over the laws
+wallclock        the wall-clock closure: a latency model fitted from timed calls against measured
+                 speedups, per run and per target
+===============  ======================================================================================
+
+The commands ``python -m experiments.closure``, ``experiments.holdout`` and ``experiments.wallclock``
+run them on a ladder.
+"""

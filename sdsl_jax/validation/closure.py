@@ -1,0 +1,266 @@
+"""The loop closed on measured models: for every target, the law's predicted best draft, alpha, T and N*
+against the measured ones, with the measured side's own uncertainty (a bootstrap over prompts) and
+the forecast scored (log score, Brier, credible sets).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sdsl_jax import SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput, solve_draft_size
+from sdsl_jax.data import SpeculativeRuns
+
+__all__ = [
+    "measured_perplexities",
+    "run_label_of",
+    "candidate_labels",
+    "close_loop",
+    "posterior_forecast",
+    "measured_best_bootstrap",
+    "forecast_scores",
+    "outside_band",
+    "closure_scores",
+    "failed_diagnostics",
+]
+
+
+def measured_perplexities(pairs) -> dict[str, float]:
+    """Each model's measured perplexity from an acceptance table (as draft or as target)."""
+    out = dict(zip(pairs.draft, map(float, pairs.ppl_draft)))
+    out.update(zip(pairs.target, map(float, pairs.ppl_target)))
+    return out
+
+
+def run_label_of(runs, n: float, d: float) -> str | None:
+    """The loss-law run of a model of size ``n`` trained on ``d`` tokens, if the data hold it:
+    the run of its own row, else the one run of its size (None when the size has none or several)."""
+    labels = runs.run_labels()
+    exact = [labels[i] for i in np.flatnonzero((runs.n_params == n) & (runs.n_tokens == d))]
+    same_size = {labels[i] for i in np.flatnonzero(runs.n_params == n)}
+    if exact:
+        return exact[0]
+    return same_size.pop() if len(same_size) == 1 else None
+
+
+def candidate_labels(runs, pairs, drafts, n, d, target: str, m: float, d_target: float):
+    """Who the candidates and the target are in ``runs`` and ``pairs``
+    (:class:`sdsl_jax.predict.draws.CandidateLabels`): their runs and acceptance-model labels, None
+    where the data do not hold them (a new model)."""
+    from sdsl_jax import predict
+
+    return predict.CandidateLabels(
+        draft_runs=tuple(run_label_of(runs, float(a), float(b)) for a, b in zip(n, d)),
+        target_run=run_label_of(runs, m, d_target),
+        draft_models=tuple(dr if dr in set(pairs.draft) else None for dr in drafts),
+        target_model=target if target in set(pairs.target) else None)
+
+
+def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
+               perplexities: dict[str, float] | None = None, seed: int = 0, runs=None, pairs=None) -> list[dict]:
+    """One record per target: predicted vs measured best draft, N*, alpha and T*.
+
+    ``point`` is a :class:`sdsl_jax.infer.results.PointFit`; ``draws`` the paired posterior draws
+    ``(laws, planes)`` (:func:`sdsl_jax.predict.draws.paired_draws`). With ``perplexities`` (model name
+    -> measured perplexity) also the acceptance-model-only prediction: T* from the acceptance model
+    at the measured perplexities, bypassing L(N, D), which tells which link of the chain (loss law
+    or acceptance) a miss comes from. With ``runs`` and ``pairs`` (the data of the fit, whose
+    effects ``scales.known`` holds), each candidate and the target are predicted conditionally on
+    their own runs and pairs where the data hold them.
+    """
+    from sdsl_jax import predict
+
+    law, plane = point.law, point.plane
+    out = []
+    spec = speculative
+    targets = sorted(set(spec.target), key=lambda t: spec.n_target[spec.target.index(t)])
+    for target in targets:
+        rows = np.flatnonzero(np.asarray(spec.target) == target)
+        m, d_prime = float(spec.n_target[rows[0]]), float(spec.d_target[rows[0]])
+        by_draft: dict[str, list[int]] = {}
+        for i in rows:
+            by_draft.setdefault(spec.draft[i], []).append(int(i))
+        drafts = sorted(by_draft, key=lambda dr: spec.n_draft[by_draft[dr][0]])
+        n = np.array([spec.n_draft[by_draft[dr][0]] for dr in drafts])
+        d = np.array([spec.d_draft[by_draft[dr][0]] for dr in drafts])
+        best_runs = [max(by_draft[dr], key=lambda i: spec.tokens_per_flop_sdsl[i]) for dr in drafts]  # best gamma
+        measured_t = np.array([spec.tokens_per_flop_sdsl[i] for i in best_runs])
+        measured_alpha = np.array([np.mean([spec.alpha_mle[i] for i in by_draft[dr]]) for dr in drafts])
+        measured_best_freq = measured_best_bootstrap(spec, by_draft, drafts, seed=seed)
+        labels = None if runs is None else candidate_labels(runs, pairs, drafts, n, d, target, m, d_prime)
+        ranking = predict.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_prime, draws=draws,
+                                       scales=scales, labels=labels, seed=seed)
+        pred_idx = ranking.best
+        best_measured = int(np.argmax(measured_t))
+        fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
+        d_ref = float(np.exp(np.mean(np.log(d))))
+        sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
+        # The ladder trains drafts on D = rho N (rho = 40 or 20 bytes per parameter), not on one D
+        # for every N: N* along that recipe, rho the candidates' median.
+        rho = float(np.median(d / n))
+        along = solve_draft_size(m, recipe=TokensPerParameter(rho), d_target=d_prime, loss=law, plane=plane)
+        rec = dict(
+            target=target, m_target=m, d_target=d_prime, drafts=drafts, n_drafts=n.tolist(),
+            d_drafts=d.tolist(), d_reference=d_ref,
+            measured_tokens_per_flop=measured_t.tolist(), measured_alpha_mle=measured_alpha.tolist(),
+            predicted_tokens_per_flop=ranking.throughput.tolist(), predicted_alpha=ranking.alpha.tolist(),
+            predicted_best=drafts[pred_idx] if pred_idx is not None else None,
+            measured_best=drafts[best_measured], measured_best_gamma=int(spec.gamma[best_runs[best_measured]]),
+            fastest_wallclock=spec.draft[fastest], fastest_wallclock_gamma=int(spec.gamma[fastest]),
+            fastest_wallclock_speedup=float(spec.wallclock_speedup[fastest]),
+            n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
+            recipe_tokens_per_param=rho, n_star_recipe=float(along.n_star), n_star_recipe_status=int(along.status),
+            gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / SDSL_FLOPS.verification(m, 1),
+            # What following the law costs: measured T of the predicted-best draft over the best measured T.
+            measured_fraction_of_best=(float(measured_t[pred_idx] / measured_t.max()) if pred_idx is not None
+                                       else float("nan")),
+            # The measured side's own uncertainty: P(best) over prompts resampled (None without per-prompt counts).
+            measured_best_bootstrap=None if measured_best_freq is None else measured_best_freq.tolist(),
+        )
+        if perplexities is not None:
+            alpha_plane = plane.rate(np.array([perplexities[dr] for dr in drafts]), perplexities[target])
+            t_plane = np.asarray(best_lookahead(SDSL_FLOPS, alpha_plane, n, m).throughput)
+            rec["plane_only_tokens_per_flop"] = t_plane.tolist()
+            rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
+        if draws is not None:
+            rec.update(posterior_forecast(point, ranking, draws, scales, n=n, d=d, m=m, d_target=d_prime,
+                                           d_ref=d_ref, rho=rho, n_star_recipe=float(along.n_star), seed=seed))
+        # The law's curve at D_ref, reaching down past N* and its band for the figure.
+        low = min([n.min() / 4] + [v / 2 for v in [rec["n_star"], *rec.get("n_star_band", [])[:1]] if np.isfinite(v)])
+        grid = np.geomspace(low, m, 80)
+        rec["curve_n"] = grid.tolist()
+        rec["curve_tokens_per_flop"] = np.asarray(
+            draft_throughput(grid, m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)).tolist()
+        out.append(rec)
+    return out
+
+
+def posterior_forecast(point, ranking, draws, scales, *, n, d, m: float, d_target: float, d_ref: float, rho: float,
+                        n_star_recipe: float, seed: int) -> dict:
+    """A target's forecast from the draws: P(best) (and without the residual terms), the T bands,
+    and posterior-predictive N* bands at ``d_ref`` and along D = rho N, as in the fit CLI."""
+    from sdsl_jax import predict
+
+    rec = dict(p_best=ranking.p_best.tolist())
+    if scales is not None:  # the same draws without the residuals: what the bands were before
+        mean_only = predict.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_target, draws=draws)
+        rec["p_best_mean_only"] = mean_only.p_best.tolist()
+    rec["predicted_tokens_per_flop_band"] = ranking.throughput_band.tolist()
+    laws, planes = draws
+    fixed_planes = planes if scales is None else predict.predictive_planes(
+        planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
+    bands = predict.propagate_draft_size(np.array([m]), laws, fixed_planes, d_draft=d_ref, d_target=d_target,
+                                         quantiles=(0.05, 0.5, 0.95))
+    rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
+    rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
+    recipe_planes = planes if scales is None else predict.predictive_planes(
+        planes, scales, d_draft=float(rho * n_star_recipe) if np.isfinite(n_star_recipe) else d_ref,
+        d_target=d_target, seed=seed)
+    recipe_bands = predict.propagate_draft_size(np.array([m]), laws, recipe_planes, recipe=TokensPerParameter(rho),
+                                                d_target=d_target, quantiles=(0.05, 0.5, 0.95))
+    rec["n_star_recipe_band"] = np.asarray(recipe_bands.n_star)[:, 0].tolist()
+    return rec
+
+
+def measured_best_bootstrap(speculative: SpeculativeRuns, rows_by_draft: dict[str, list[int]], drafts: list[str],
+                            *, replicates: int = 2000, seed: int = 0) -> np.ndarray | None:
+    """How often each draft measures best when the prompts are resampled (a paired bootstrap).
+
+    Every (draft, gamma) run of a target decoded the same prompts, so one resample of prompt
+    indices is applied to all of them; each draft's T is its best gamma's tokens per FLOP
+    (SDSL cost) on the resampled prompts. None when the file has no per-prompt counts.
+    """
+    per_prompt = {i: speculative.per_prompt(i) for rows in rows_by_draft.values() for i in rows}
+    if any(v is None for v in per_prompt.values()):
+        return None
+    prompts = {v[0].size for v in per_prompt.values()}
+    if len(prompts) != 1:
+        return None  # runs over different prompt sets cannot be paired
+    num_prompts = prompts.pop()
+    picks = np.random.default_rng(seed).integers(0, num_prompts, size=(replicates, num_prompts))
+    best_t = np.full((replicates, len(drafts)), -np.inf)
+    for j, draft in enumerate(drafts):
+        for i in rows_by_draft[draft]:
+            its, acc = per_prompt[i]
+            iterations, accepted = its[picks].sum(1), acc[picks].sum(1)
+            cost = (SDSL_FLOPS.draft_step(float(speculative.n_draft[i])) * float(speculative.gamma[i])
+                    + SDSL_FLOPS.verification(float(speculative.n_target[i]), float(speculative.gamma[i]) + 1))
+            t = (accepted + iterations) / (iterations * cost)
+            best_t[:, j] = np.maximum(best_t[:, j], t)
+    winners = np.argmax(best_t, axis=1)
+    return np.bincount(winners, minlength=len(drafts)) / replicates
+
+
+def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
+    """P(best) scored as a forecast of the measured-best draft, against the uniform guess.
+
+    Log score: sum over targets of log P(measured best) (higher is better; 0 is perfect). Brier:
+    mean over targets of sum_i (p_i - [i is the measured best])^2 (lower is better). A probability
+    of 0 is floored at 1e-3 (a draw count of 1,000 cannot tell smaller ones apart).
+    """
+    if not records or any(key not in r for r in records):
+        return None
+    log_score = brier = uniform_log = uniform_brier = 0.0
+    in_set = 0
+    for r in records:
+        p = np.asarray(r[key], np.float64)
+        hit = np.array([dr == r["measured_best"] for dr in r["drafts"]], np.float64)
+        order = np.argsort(-p, kind="stable")  # the 90% credible set: most probable drafts up to 0.9
+        chosen = order[: int(np.searchsorted(np.cumsum(p[order]), 0.9 - 1e-12)) + 1]
+        in_set += int(hit[chosen].sum() > 0)
+        k = len(p)
+        log_score += float(np.log(max(p[hit > 0][0], 1e-3)))
+        brier += float(np.sum((p - hit) ** 2))
+        uniform_log += float(np.log(1 / k))
+        uniform_brier += float(np.sum((1 / k - hit) ** 2))
+    t = len(records)
+    extra = {}
+    if all(r.get("measured_best_bootstrap") is not None for r in records):
+        # The measured best is itself uncertain (prompts resampled): the log score expected over it.
+        extra["log_score_over_measured_uncertainty"] = float(sum(
+            np.dot(r["measured_best_bootstrap"], np.log(np.maximum(np.asarray(r[key], np.float64), 1e-3)))
+            for r in records))
+    return dict(**extra, log_score=log_score, uniform_log_score=uniform_log, brier=brier / t,
+                uniform_brier=uniform_brier / t,
+                measured_best_in_90_credible_set=in_set, targets=t,
+                measured_best_probabilities=[float(np.asarray(r[key])[r["drafts"].index(r["measured_best"])])
+                                             for r in records])
+
+
+def outside_band(value: float, band) -> bool:
+    """Whether a finite point lies outside a finite ``[lo, median, hi]`` band (False without one)."""
+    if band is None or not np.isfinite(value) or not np.all(np.isfinite([band[0], band[2]])):
+        return False
+    return not band[0] <= value <= band[2]
+
+
+def closure_scores(records) -> dict:
+    scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
+                                                               ("mean_only", "p_best_mean_only"),
+                                                               ("prospective", "prospective_p_best"))}
+    scores = {k: v for k, v in scores.items() if v is not None}
+    if "mean_only" in scores:
+        scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
+    if "prospective" in scores:
+        scores["prospective"]["regret"] = [r["prospective_regret"] for r in records]
+        scores["prospective"]["meaning"] = ("each draft predicted by fits that left its own size out (loss law and "
+                                            "acceptance)")
+    return scores
+
+
+def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | None) -> list[str]:
+    """One line per posterior (in-sample or a refit without a size) whose checks failed."""
+    def weight_of(name, forms):
+        if not forms:
+            return ""
+        w = sum(v for k, v in forms.items() if name in k.split(" + "))
+        return f", weight {w:.2f}"
+
+    out = []
+    fits = [("all data", in_sample, None if stacking is None else stacking["forms"])]
+    fits += [(f"without N = {size}", r.get("diagnostics", {}), r.get("forms")) for size, r in (refits or {}).items()]
+    for where, diagnostics, forms in fits:
+        for name, d in diagnostics.items():
+            if not d["ok"]:
+                out.append(f"{where}: {name} (R-hat {d['max_rhat']:.3f}, ESS {d['min_ess_bulk']:.0f}, "
+                           f"{d['num_divergences']} divergent{weight_of(name, forms)})")
+    return out

@@ -1,0 +1,65 @@
+"""One stacking for every comparison of forms: the optimiser against brute force and ArviZ, the mixing rule."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from sdsl_jax.compare import grouped_stacking_weights, mixture_draw_indices, mixture_log_density, stack
+
+
+def _score(w, log_density):
+    return np.sum(np.log(w @ np.exp(log_density)))
+
+
+def test_stack_maximises_the_held_out_log_score():
+    rng = np.random.default_rng(1)
+    log_density = np.log(rng.uniform(0.05, 1.0, (3, 40)))
+    log_density[0] += 0.3  # one form clearly better on average
+    w = stack(log_density)
+    assert np.isclose(w.sum(), 1.0) and np.all(w >= 0)
+    grid = [np.array([a, b, 1 - a - b]) for a in np.linspace(0, 1, 101) for b in np.linspace(0, 1, 101) if a + b <= 1]
+    assert _score(w, log_density) >= max(_score(v, log_density) for v in grid) - 1e-9
+    assert np.isclose(mixture_log_density(log_density, w), _score(w, log_density), rtol=1e-12)
+
+
+def test_stack_agrees_with_arviz_stacking_of_psis_loo():
+    """The weights ArviZ's ``az.compare(method="stacking")`` gives on the same PSIS-LOO densities,
+    which is what ``stacking_weights`` returned before it called :func:`stack`."""
+    az = pytest.importorskip("arviz")
+    from sdsl_jax.compare import _stacked
+
+    rng = np.random.default_rng(0)
+    y = rng.standard_t(4, 60)
+    pointwise, idata = {}, {}
+    for name, (loc, scale) in {"good": (0.0, 1.2), "shifted": (0.4, 1.0), "wide": (0.0, 3.0)}.items():
+        mu = loc + 0.05 * rng.standard_normal((400, 1))
+        ll = -0.5 * ((y - mu) / scale) ** 2 - np.log(scale * np.sqrt(2 * np.pi))
+        sigma = np.full(400, scale)
+        pointwise[name] = (ll, sigma)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            idata[name] = az.from_dict(posterior={"sigma": sigma[None]}, log_likelihood={"obs": ll[None]})
+    ours = _stacked(pointwise, "rows")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = az.compare(idata, ic="loo", method="stacking")
+    theirs = np.array([table.loc[n, "weight"] for n in ours.names])
+    np.testing.assert_allclose(ours.weights, theirs, atol=1e-4)
+    np.testing.assert_allclose(ours.elpd_loo, [table.loc[n, "elpd_loo"] for n in ours.names], rtol=1e-10)
+    np.testing.assert_allclose(ours.elpd_se, [table.loc[n, "se"] for n in ours.names], rtol=1e-10)
+
+
+def test_grouped_weights_name_their_method_and_refuse_non_finite_densities():
+    w = grouped_stacking_weights({"a": np.array([-1.0, -2.0]), "b": np.array([-3.0, -0.5])}, groups="model sizes")
+    assert w.names == ("a", "b") and np.isclose(w.weights.sum(), 1) and "model sizes left out" in w.method
+    with pytest.raises(ValueError, match="non-finite"):
+        stack(np.array([[-1.0, np.nan], [-2.0, -1.0]]))
+
+
+def test_mixture_takes_each_forms_share_of_distinct_draws():
+    shares = mixture_draw_indices(["a", "b", "c"], np.array([0.7, 0.3, 0.0004]), 1000, seed=3)
+    assert [name for name, _ in shares] == ["a", "b"]  # a share that rounds to no draw is left out
+    for (name, idx), count in zip(shares, (700, 300)):
+        assert idx.size == count and np.unique(idx).size == count and idx.min() >= 0 and idx.max() < 1000
+    assert not np.array_equal(np.sort(shares[0][1]), np.arange(700))  # a random subset, not the first chains
