@@ -299,7 +299,8 @@ def log_diagnostics(post, log) -> bool:
 
     ok = True
     for name, diag in post.diagnostics.items():
-        geometry = (f"; {diag.mean_steps:.0f} leapfrog steps per draw, {diag.max_tree_depth_share:.0%} of draws "
+        geometry = (f"; {diag.median_steps:.0f} leapfrog steps per draw (median; mean {diag.mean_steps:.0f}), "
+                    f"{diag.max_tree_depth_share:.0%} of draws "
                     "at the maximum tree depth" if np.isfinite(diag.mean_steps) else "")
         if diag.ok:
             log(f"diagnostics ({name}): OK (max R-hat {diag.max_rhat:.3f}, min bulk ESS "

@@ -39,6 +39,7 @@ def test_diagnostics_flag_disagreeing_chains_and_divergences():
     steps = np.array([[3, 7, 1023, 15], [1023, 1023, 7, 3]])
     geometry = check_diagnostics(good, 0, var_names=["theta"], num_steps=steps, max_tree_depth=10)
     assert geometry.mean_steps == pytest.approx(steps.mean()) and geometry.max_tree_depth_share == 3 / 8
+    assert geometry.median_steps == pytest.approx(np.median(steps))
     assert not geometry.ok and any("maximum tree depth" in p for p in geometry.problems)
     assert np.isnan(check_diagnostics(good, 0, var_names=["theta"]).mean_steps)
     one_in_200 = np.full((2, 100), 7)

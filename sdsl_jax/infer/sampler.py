@@ -43,8 +43,9 @@ __all__ = [
 class Diagnostics(NamedTuple):
     """Convergence checks of a posterior run; ``ok`` is False when any check fails.
 
-    ``mean_steps`` (leapfrog steps per draw) and ``max_tree_depth_share`` (the share of draws whose
-    trajectory reached NUTS's maximum tree depth) describe the sampler's geometry: hundreds of steps
+    ``mean_steps`` and ``median_steps`` (leapfrog steps per draw) and ``max_tree_depth_share`` (the
+    share of draws whose trajectory reached NUTS's maximum tree depth) describe the sampler's
+    geometry (NUTS doubles a trajectory, so a draw takes 2^j - 1 steps): hundreds of steps
     per draw, or many draws at the cap, mean a badly scaled posterior that costs time; more than 1%
     at the cap fails the checks. NaN where not recorded.
     """
@@ -56,6 +57,7 @@ class Diagnostics(NamedTuple):
     problems: tuple[str, ...]
     mean_steps: float = float("nan")
     max_tree_depth_share: float = float("nan")
+    median_steps: float = float("nan")
 
 
 class PosteriorRun(NamedTuple):
@@ -94,7 +96,7 @@ def check_diagnostics(
         problems.append(f"{at_cap:.0%} of draws at the maximum tree depth (a badly scaled posterior: "
                         "reparametrise, or a dense mass matrix)")
     return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems),
-                       float(np.mean(steps)), at_cap)
+                       float(np.mean(steps)), at_cap, float(np.median(steps)))
 
 
 def _chain_method(num_chains: int) -> str:
