@@ -42,8 +42,13 @@ def median_time(fn, repeats: int) -> float:
 
 
 def lambertw_points(k: int, n: int) -> np.ndarray:
-    """Log-spaced points across the branch's domain (half negative, half positive on W_0)."""
-    negative = -np.geomspace(1e-300, 1 / np.e, n if k == -1 else n // 2)
+    """Log-spaced points across the branch's domain (half negative, half positive on W_0).
+
+    The negative points end at the float just inside -1/e: the float nearest -1/e lies below it,
+    outside the real domain, where SciPy returns NaN and mpmath a complex value.
+    """
+    edge = np.nextafter(1 / np.e, 0.0)
+    negative = -np.geomspace(1e-300, edge, n if k == -1 else n // 2)
     if k == -1:
         return negative
     return np.concatenate([negative, np.geomspace(1e-300, 1e300, n - n // 2)])
