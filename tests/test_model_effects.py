@@ -7,7 +7,6 @@ from sdsl_jax import PLANE as SDSL2026_MODEL
 from sdsl_jax import SDSL2026, compare, infer, predict
 from sdsl_jax.data import load_acceptance
 from sdsl_jax.validation.closure import candidate_labels, run_label_of
-from sdsl_jax.validation.holdout import model_effect_draws
 
 HEADER = "draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha\n"
 TRUE = dict(A=-0.04, B=0.06, C=0.70, sigma=0.008, draft_sd=0.03, target_sd=0.01)
@@ -125,14 +124,18 @@ def test_zero_known_effects_rank_like_new_models_without_scatter():
     np.testing.assert_allclose(t, t_mean, rtol=1e-6)
 
 
-def test_holdout_effects_keep_known_models_and_share_a_new_models_draw():
-    samples = dict(draft_sd=np.full(500, 2.0), draft_z=np.tile([[1.0, -1.0]], (500, 1)))
-    eff = model_effect_draws(samples, "draft_sd", "draft_z", ("a", "b", "a"), ("b", "new", "new", "a"),
-                        np.random.default_rng(0))
+def test_model_effects_keep_known_models_and_share_a_new_models_draw():
+    """The one rule for a model's effect in predictive draws (ranking and the held-out study alike)."""
+    sd = np.full(500, 2.0)
+    known = sd[:, None] * np.tile([[1.0, -1.0]], (500, 1))  # models a, b
+    eff = predict.model_effect_draws(sd, known, ("a", "b"), ("b", "new", "new", "a", None, None),
+                                     np.random.default_rng(0))
     np.testing.assert_allclose(eff[:, 0], -2.0)
     np.testing.assert_allclose(eff[:, 3], 2.0)
     np.testing.assert_allclose(eff[:, 1], eff[:, 2])  # one new model, one draw shared by its pairs
     assert np.std(eff[:, 1]) == pytest.approx(2.0, rel=0.15)
+    assert not np.allclose(eff[:, 4], eff[:, 5])  # unlabelled entries are models of their own
+    np.testing.assert_allclose(np.corrcoef(eff[:, 1], eff[:, 4])[0, 1], 0.0, atol=0.15)
 
 
 def test_candidate_labels_find_runs_and_models_in_the_data(tmp_path):

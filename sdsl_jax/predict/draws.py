@@ -8,7 +8,7 @@ turns them into acceptance draws that carry a new draft's, target's and pair's r
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "predictive_scales",
     "predictive_planes",
     "paired_draws",
+    "model_effect_draws",
 ]
 
 
@@ -101,16 +102,34 @@ class PredictiveScales(NamedTuple):
         z = rng.standard_normal((count, candidates))
         if self.alpha_draft_sd is None:
             return np.zeros_like(z), z
-        draft = self.alpha_draft_sd[:, None] * rng.standard_normal((count, candidates))
-        target_effect = self.alpha_target_sd[:, None] * rng.standard_normal((count, 1))
-        known = self.known
-        if known is not None and known.draft_effect is not None:
-            for j, label in enumerate(drafts or ()):
-                if label in known.draft_labels:
-                    draft[:, j] = known.draft_effect[:, known.draft_labels.index(label)]
-            if target in known.target_labels:
-                target_effect = known.target_effect[:, known.target_labels.index(target)][:, None]
+        known = self.known if self.known is not None else KnownEffects()
+        draft = model_effect_draws(self.alpha_draft_sd, known.draft_effect, known.draft_labels,
+                                   tuple(drafts) if drafts else (None,) * candidates, rng)
+        target_effect = model_effect_draws(self.alpha_target_sd, known.target_effect, known.target_labels, (target,),
+                                           rng)
         return draft + target_effect, z
+
+
+def model_effect_draws(sd: np.ndarray, known_effects: np.ndarray | None, known_labels: Sequence[str],
+                       labels: Sequence[str | None], rng: np.random.Generator) -> np.ndarray:
+    """Each entry's model effect per draw, shape ``(draws, entries)``: a model in ``known_labels`` keeps
+    its posterior effect (that column of ``known_effects``, ``(draws, models)``); a new model draws
+    one, ``sd x N(0, 1)``, shared by all its entries; an entry labelled None is a new model of its own.
+
+    One standard normal is drawn per entry (the first entry of a new model gives its draw), so the
+    stream of ``rng`` does not depend on which models are known.
+    """
+    sd = np.asarray(sd, np.float64)
+    fresh = sd[:, None] * rng.standard_normal((sd.shape[0], len(labels)))
+    out, first = fresh.copy(), {}
+    for j, label in enumerate(labels):
+        if label is None:
+            continue
+        if known_effects is not None and label in known_labels:
+            out[:, j] = known_effects[:, list(known_labels).index(label)]
+        else:
+            out[:, j] = fresh[:, first.setdefault(label, j)]
+    return out
 
 
 class CandidateLabels(NamedTuple):

@@ -12,7 +12,6 @@ import numpy as np
 __all__ = [
     "student_t_logpdf",
     "loss_law_fold",
-    "model_effect_draws",
     "acceptance_fold",
     "run_holdout",
     "holdout_markdown",
@@ -68,17 +67,15 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
                 error=point_pred - y)
 
 
-def model_effect_draws(samples: dict, sd_key: str, z_key: str, train_labels, test_labels,
-                  rng: np.random.Generator) -> np.ndarray:
-    """Each held-out pair's model effect per draw, shape ``(draws, pairs)``: a model in the
-    training pairs keeps its posterior effect; a new model draws one, shared by its pairs."""
-    sd = np.asarray(samples[sd_key]).reshape(-1)
-    z = np.asarray(samples[z_key]).reshape(sd.size, -1)
-    known = {label: i for i, label in enumerate(dict.fromkeys(train_labels))}
-    new = list(dict.fromkeys(label for label in test_labels if label not in known))
-    z_new = rng.standard_normal((sd.size, len(new)))
-    cols = [z[:, known[label]] if label in known else z_new[:, new.index(label)] for label in test_labels]
-    return sd[:, None] * np.stack(cols, axis=1)
+def _posterior_effects(samples: dict, role: str, train_labels, test_labels, rng) -> np.ndarray:
+    """Each held-out pair's ``role`` ("draft" or "target") model effect per draw: a model of the training
+    pairs keeps its posterior effect, a new model draws one shared by its pairs
+    (:func:`sdsl_jax.predict.draws.model_effect_draws`)."""
+    from sdsl_jax.predict.draws import model_effect_draws
+
+    sd = np.asarray(samples[f"{role}_sd"]).reshape(-1)
+    known = sd[:, None] * np.asarray(samples[f"{role}_z"]).reshape(sd.size, -1)
+    return model_effect_draws(sd, known, tuple(dict.fromkeys(train_labels)), tuple(test_labels), rng)
 
 
 def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_effects=False):
@@ -106,8 +103,8 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
     shift = np.zeros_like(eta)
     if model_effects:
         rng_effects = np.random.default_rng(seed + 1)
-        shift = (model_effect_draws(post.samples, "draft_sd", "draft_z", train.draft, test.draft, rng_effects)
-                 + model_effect_draws(post.samples, "target_sd", "target_z", train.target, test.target, rng_effects))
+        shift = (_posterior_effects(post.samples, "draft", train.draft, test.draft, rng_effects)
+                 + _posterior_effects(post.samples, "target", train.target, test.target, rng_effects))
     # The model's noise is for a row of average TRAINING weight; scale it to each held-out row's weight.
     w = test.regression_weights() / train.regression_weights().mean()
     sigma = np.asarray(post.samples["sigma"]).reshape(-1)[:, None] / np.sqrt(w)[None]
