@@ -7,12 +7,15 @@
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
 #               (about 60 minutes on 2 CPU cores; resumable: rerun after an interruption).
+# make ladder-factorial: the factorial ladder (7 sizes x 5 shared budgets, then the two held-back models, whose
+#               predictions are committed) and its exact acceptance pairs, into out/ladder/factorial/measure/
+#               (about 4 h 20 min on 2 CPU cores; resumable); fits/ladder/factorial/ holds the committed copy.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all fit bench ladder notebooks clean
+.PHONY: install test test-all fit bench ladder ladder-factorial notebooks clean
 
 install: $(STAMP)
 
@@ -49,6 +52,11 @@ ladder: $(STAMP)
 	$(PY) -m experiments.measure --preset real --out fits/ladder
 	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --resume
 	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --stack --out fits/ladder/closure_stacked --resume
+
+ladder-factorial: $(STAMP)
+	$(PY) -m experiments.ladder --preset factorial
+	$(PY) -m experiments.ladder --preset factorial --held-back fits/ladder/preregistered/predictions.json
+	$(PY) -m experiments.measure --preset factorial --exact-only --out out/ladder/factorial/measure
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
