@@ -9,7 +9,9 @@ and with ``--posterior`` their NUTS posteriors. Then for every target of ``specu
 
 * predicted: T*(N) = max_gamma T for each of the ladder's drafts, from its own (N, D) and the
   target's (M, D') through L and the plane [SDSL, eqs. for T and gamma*]; the predicted best draft,
-  and with the posterior the probability that each draft is the best; the continuous N* (solved
+  and with the posterior the probability that each draft is the best and the Bayes decision (the
+  draft with the highest posterior-expected T, scored by its regret beside the point fit's pick,
+  in sample and prospectively); the continuous N* (solved
   by Newton on the gradient, ``solve_draft_size``) with its 90% band, at a draft budget D equal
   to the geometric mean of the candidate drafts' budgets (the law's N* assumes one D for all N);
 * measured: tokens per FLOP under the SDSL cost model (2N per draft token, 2M per verification)

@@ -234,6 +234,13 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
         assert np.isclose(sum(rec["p_best"]), 1.0)
         assert np.isclose(sum(rec["measured_best_bootstrap"]), 1.0)  # the micro ladder records per-prompt counts
         assert not rec["n_star_band"][0] > rec["n_star_band"][2]  # NaN where every draw failed
+        # The Bayes decision is the mixture's draft of highest expected T, scored against the measured best.
+        measured = np.array(rec["measured_tokens_per_flop"])
+        assert rec["bayes_decision"] in rec["drafts"] and 0.0 <= rec["bayes_decision_p_best"] <= 1.0
+        assert rec["bayes_decision_regret"] == pytest.approx(
+            1 - measured[rec["drafts"].index(rec["bayes_decision"])] / measured.max())
+    assert len(result["forecast_scores"]["predictive"]["bayes_decision_regret"]) == len(result["targets"])
+    assert "the Bayes decision (the draft with the highest posterior-expected T)" in (tmp_path / "closure.md").read_text()
     st = result["stacking"]
     assert list(st["laws"]) == ["chinchilla"] and st["laws"]["chinchilla"]["weight"] == 1.0  # --law's
     assert set(st["acceptance_models"]) == {"plane", "log-plane"}
@@ -265,6 +272,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     form_fits.stack_records(records, forms)
     form_fits.add_prospective(records, {float(v): forms for v in spec.n_draft})
     for rec in records:
+        assert rec["prospective_bayes_decision"] == rec["bayes_decision"]  # one decision rule on the same draws
         np.testing.assert_allclose(rec["prospective_p_best"], rec["p_best"])
         np.testing.assert_allclose(rec["prospective_tokens_per_flop"], rec["predicted_tokens_per_flop"])
 

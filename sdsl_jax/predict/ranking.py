@@ -16,6 +16,7 @@ import numpy as np
 
 from sdsl_jax.acceptance import predictive_acceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
+from sdsl_jax.forecast import Decision, bayes_decision
 from sdsl_jax.infer.results import PointFit
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import DraftSizeSolution, LinearLaw, fit_linear_law, solve_draft_size
@@ -63,6 +64,9 @@ class DraftRanking(NamedTuple):
       best: index of the predicted best candidate (None when none is admissible).
       p_best: probability under the draws that each candidate is the best (None without draws).
       throughput_band: 5% and 95% quantiles of T per candidate, shape ``(candidates, 2)``.
+      decision: the Bayes decision over the same draws (:func:`sdsl_jax.forecast.bayes_decision`: the
+        candidate with the highest posterior-expected T; None without draws). ``best`` is the point
+        fit's pick, kept for comparison.
     """
 
     alpha: np.ndarray
@@ -70,6 +74,7 @@ class DraftRanking(NamedTuple):
     best: int | None
     p_best: np.ndarray | None
     throughput_band: np.ndarray | None
+    decision: Decision | None = None
 
 
 
@@ -154,12 +159,13 @@ def rank_drafts(
     alpha = np.asarray(draft_acceptance(n, m_target, loss=point.law, plane=point.plane, d_draft=d, d_target=d_target))
     t = np.asarray(draft_throughput(n, m_target, loss=point.law, plane=point.plane, **kw))
     best = int(np.nanargmax(t)) if np.isfinite(t).any() else None
-    p_best = band = None
+    p_best = band = decision = None
     if draws is not None:
         t_draws = throughput_draws(draws, n_drafts=n, d_drafts=d, m_target=m_target, d_target=d_target, cost=cost,
                                    scales=scales, labels=labels, seed=seed)
         p_best, band = best_draft_probabilities(t_draws)
-    return DraftRanking(alpha, t, best, p_best, band)
+        decision = bayes_decision(t_draws)
+    return DraftRanking(alpha, t, best, p_best, band, decision)
 
 
 def throughput_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: np.ndarray, m_target: float,

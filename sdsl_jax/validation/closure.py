@@ -19,6 +19,7 @@ __all__ = [
     "measured_best_bootstrap",
     "forecast_scores",
     "outside_band",
+    "decision_fields",
     "closure_scores",
     "failed_diagnostics",
 ]
@@ -122,6 +123,7 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             rec["plane_only_tokens_per_flop"] = t_plane.tolist()
             rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
         if draws is not None:
+            rec.update(decision_fields(None, drafts, measured_t, decision=ranking.decision))
             rec.update(posterior_forecast(point, ranking, draws, scales, n=n, d=d, m=m, d_target=d_prime,
                                            d_ref=d_ref, rho=rho, n_star_recipe=float(along.n_star), seed=seed))
         # The law's curve at D_ref, reaching down past N* and its band for the figure.
@@ -233,6 +235,22 @@ def outside_band(value: float, band) -> bool:
     return not band[0] <= value <= band[2]
 
 
+def decision_fields(t_draws: np.ndarray, drafts: list[str], measured: np.ndarray, *, prefix: str = "",
+                    decision=None) -> dict:
+    """The Bayes decision over ``(draws, candidates)`` T draws (the candidate with the highest
+    posterior-expected T, :func:`sdsl_jax.forecast.bayes_decision`; or ``decision``, already made on
+    them), its P(best), expected regret, and its regret against the ``measured`` T; keys start with
+    ``prefix``."""
+    from sdsl_jax.forecast import bayes_decision
+
+    decision = bayes_decision(t_draws) if decision is None else decision
+    measured = np.asarray(measured, np.float64)
+    return {f"{prefix}bayes_decision": drafts[decision.choice],
+            f"{prefix}bayes_decision_p_best": float(decision.p_best[decision.choice]),
+            f"{prefix}bayes_decision_expected_regret": decision.expected_regret,
+            f"{prefix}bayes_decision_regret": float(1.0 - measured[decision.choice] / measured.max())}
+
+
 def closure_scores(records) -> dict:
     scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
                                                                ("mean_only", "p_best_mean_only"),
@@ -240,6 +258,9 @@ def closure_scores(records) -> dict:
     scores = {k: v for k, v in scores.items() if v is not None}
     if "mean_only" in scores:
         scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
+    for key, prefix in (("predictive", ""), ("prospective", "prospective_")):
+        if key in scores and all(f"{prefix}bayes_decision_regret" in r for r in records):
+            scores[key]["bayes_decision_regret"] = [r[f"{prefix}bayes_decision_regret"] for r in records]
     if "prospective" in scores:
         scores["prospective"]["regret"] = [r["prospective_regret"] for r in records]
         scores["prospective"]["meaning"] = ("each draft predicted by fits that left its own size out (loss law and "

@@ -78,6 +78,8 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                                                   f"; without the residual terms: log score "
                                                   f"{scores['mean_only']['log_score']:.2f}, Brier "
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")
+    table += _decision_line(records, "", "In sample")
+    table += _decision_line(records, "prospective_", "Prospective")
     if "prospective" in scores:
         s = scores["prospective"]
         table += ("\nProspective (each draft's own size left out of both fits): " + "; ".join(
@@ -102,6 +104,21 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                   + (" Prospective: forms and weights chosen again by each fit without a size." if "prospective"
                      in scores else "") + "\n")
     return table
+
+
+def _decision_line(records, prefix: str, title: str) -> str:
+    """The Bayes decision per target and its regret against the measured best, beside the point fit's
+    pick (``prefix``: "" in sample, "prospective_" for the fits that left the draft's size out)."""
+    key = f"{prefix}bayes_decision"
+    if not records or not all(key in r for r in records):
+        return ""
+    point_key = "prospective_regret" if prefix else "measured_fraction_of_best"
+    point = [r[point_key] if prefix else 1.0 - r[point_key] for r in records]
+    bayes = [r[f"{key}_regret"] for r in records]
+    return (f"\n{title}, the Bayes decision (the draft with the highest posterior-expected T): " + "; ".join(
+        f"{r['target']}: {r[key]} (P(best) {r[key + '_p_best']:.2f}, regret {100 * r[key + '_regret']:.1f}%)"
+        for r in records) + f". Mean regret {100 * np.mean(bayes):.1f}%; the point fit's pick "
+        f"{100 * np.nanmean(point):.1f}%.\n")
 
 
 def figure(records: list[dict], path: str) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, draft_throughput
 from sdsl_jax.data import DataError
 from sdsl_jax.store import StageStore, content_digest
-from sdsl_jax.validation.closure import candidate_labels
+from sdsl_jax.validation.closure import candidate_labels, decision_fields
 
 __all__ = [
     "Stages",
@@ -197,6 +197,7 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
         measured = np.asarray(r["measured_tokens_per_flop"])
         r["predicted_best"] = r["drafts"][best] if best is not None else None
         r["measured_fraction_of_best"] = float(measured[best] / measured.max()) if best is not None else float("nan")
+        r.update(decision_fields(t_draws, r["drafts"], measured))
 
 
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
@@ -276,7 +277,8 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
             point_t.append(float(draft_throughput(n[j], r["m_target"], d_draft=d[j], d_target=r["d_target"],
                                                   loss=point.law, plane=point.plane)))
         count = min(c.size for c in columns)
-        p_best, band = predict.best_draft_probabilities(np.stack([c[:count] for c in columns], axis=1))
+        t_draws = np.stack([c[:count] for c in columns], axis=1)
+        p_best, band = predict.best_draft_probabilities(t_draws)
         point_t = np.asarray(point_t)
         best = int(np.nanargmax(point_t)) if np.isfinite(point_t).any() else None
         measured = np.asarray(r["measured_tokens_per_flop"])
@@ -286,7 +288,8 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
                  prospective_regret=float(1 - measured[best] / measured.max()) if best is not None else float("nan"),
                  # The draft the prospective P(best) favours, and what choosing it costs.
                  prospective_most_probable=r["drafts"][int(np.nanargmax(p_best))],
-                 prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()))
+                 prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()),
+                 **decision_fields(t_draws, r["drafts"], measured, prefix="prospective_"))
 
 
 class InSampleFit(NamedTuple):
