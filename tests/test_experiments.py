@@ -241,6 +241,9 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
             1 - measured[rec["drafts"].index(rec["bayes_decision"])] / measured.max())
     assert len(result["forecast_scores"]["predictive"]["bayes_decision_regret"]) == len(result["targets"])
     assert "the Bayes decision (the draft with the highest posterior-expected T)" in (tmp_path / "closure.md").read_text()
+    baselines = result["forecast_scores"]["predictive"]["baselines"]["all"]
+    assert {"method", "uniform", "smallest", "previous-best", "fixed-ratio"} == set(baselines["forecasts"])
+    assert "against forecasts made without a fit" in (tmp_path / "closure.md").read_text()
     st = result["stacking"]
     assert list(st["laws"]) == ["chinchilla"] and st["laws"]["chinchilla"]["weight"] == 1.0  # --law's
     assert set(st["acceptance_models"]) == {"plane", "log-plane"}

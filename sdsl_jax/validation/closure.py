@@ -20,6 +20,7 @@ __all__ = [
     "forecast_scores",
     "outside_band",
     "decision_fields",
+    "baseline_scores",
     "closure_scores",
     "failed_diagnostics",
 ]
@@ -228,6 +229,65 @@ def forecast_scores(records: list[dict], key: str = "p_best") -> dict | None:
                                              for r in records])
 
 
+LOG_SCORE_FLOOR = 1e-3
+"""Probabilities below this count as it in a log score (a forecast from 1,000 draws cannot tell smaller
+ones apart, and a baseline that puts nothing on the measured best would otherwise score minus infinity)."""
+
+
+def baseline_scores(records: list[dict], key: str = "p_best", *, seed: int = 0, resamples: int = 2000) -> dict | None:
+    """P(best) scored beside the forecasts a lab could make without a fit, target by target.
+
+    The baselines (:func:`sdsl_jax.forecast.baseline_forecasts`: uniform, the smallest draft, the
+    previous target's measured best, a fixed M/N ratio fitted on the earlier targets) see only what
+    was measured before each target (records in order of target size). Every forecast gets the log
+    score (probabilities floored at :data:`LOG_SCORE_FLOOR`), the Brier score and the regret of its
+    most probable draft. The skill is the method's total log score minus the best baseline's, with a
+    90% interval from resampling the targets; the same over the informative targets alone (at
+    least two candidates within 10% of the best measured T: elsewhere there is little to forecast).
+    """
+    from sdsl_jax.forecast import baseline_forecasts
+
+    if not records or any(key not in r for r in records):
+        return None
+    per_target, previous_best, earlier = [], None, []
+    for r in sorted(records, key=lambda rec: rec["m_target"]):
+        n, t = np.asarray(r["n_drafts"], np.float64), np.asarray(r["measured_tokens_per_flop"], np.float64)
+        forecasts = {"method": np.asarray(r[key], np.float64), **{
+            f.name: f.p_best for f in baseline_forecasts(n, r["m_target"], previous_best=previous_best,
+                                                         earlier=earlier)}}
+        best = int(np.nanargmax(t))
+        hit = np.zeros(len(t))
+        hit[best] = 1.0
+        per_target.append(dict(
+            target=r["target"], informative=int(np.sum(t >= 0.9 * t[best])) >= 2,
+            log_score={k: float(np.log(max(p[best], LOG_SCORE_FLOOR))) for k, p in forecasts.items()},
+            brier={k: float(np.sum((p - hit) ** 2)) for k, p in forecasts.items()},
+            regret={k: float(1.0 - t[int(np.argmax(p))] / t[best]) for k, p in forecasts.items()}))
+        previous_best = float(n[best])
+        earlier.append((float(r["m_target"]), previous_best))
+    names = list(per_target[0]["log_score"])
+    rng = np.random.default_rng(seed)
+
+    def totals(rows: list[dict]) -> dict | None:
+        if not rows:
+            return None
+        log = {k: np.array([row["log_score"][k] for row in rows]) for k in names}
+        best_baseline = max((k for k in names if k != "method"), key=lambda k: log[k].sum())
+        diff = log["method"] - log[best_baseline]
+        boot = diff[rng.integers(0, len(rows), (resamples, len(rows)))].sum(axis=1)
+        return dict(targets=[row["target"] for row in rows],
+                    forecasts={k: dict(log_score=float(log[k].sum()),
+                                       brier=float(np.mean([row["brier"][k] for row in rows])),
+                                       regret=float(np.mean([row["regret"][k] for row in rows]))) for k in names},
+                    best_baseline=best_baseline, skill=float(diff.sum()),
+                    skill_90=[float(q) for q in np.quantile(boot, [0.05, 0.95])])
+
+    return dict(all=totals(per_target), informative=totals([row for row in per_target if row["informative"]]),
+                floor=LOG_SCORE_FLOOR,
+                meaning="log score (floored), Brier and regret of the method's P(best) and of each baseline; skill: "
+                        "the method's log score minus the best baseline's, 90% interval over resampled targets")
+
+
 def outside_band(value: float, band) -> bool:
     """Whether a finite point lies outside a finite ``[lo, median, hi]`` band (False without one)."""
     if band is None or not np.isfinite(value) or not np.all(np.isfinite([band[0], band[2]])):
@@ -258,6 +318,9 @@ def closure_scores(records) -> dict:
     scores = {k: v for k, v in scores.items() if v is not None}
     if "mean_only" in scores:
         scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
+    for key, p_key in (("predictive", "p_best"), ("prospective", "prospective_p_best")):
+        if key in scores:
+            scores[key]["baselines"] = baseline_scores(records, p_key)
     for key, prefix in (("predictive", ""), ("prospective", "prospective_")):
         if key in scores and all(f"{prefix}bayes_decision_regret" in r for r in records):
             scores[key]["bayes_decision_regret"] = [r[f"{prefix}bayes_decision_regret"] for r in records]

@@ -78,6 +78,8 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                                                   f"; without the residual terms: log score "
                                                   f"{scores['mean_only']['log_score']:.2f}, Brier "
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")
+    table += _baseline_line(scores.get("predictive", scores.get("mean_only", {})).get("baselines"), "In sample")
+    table += _baseline_line(scores.get("prospective", {}).get("baselines"), "Prospective")
     table += _decision_line(records, "", "In sample")
     table += _decision_line(records, "prospective_", "Prospective")
     if "prospective" in scores:
@@ -104,6 +106,23 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                   + (" Prospective: forms and weights chosen again by each fit without a size." if "prospective"
                      in scores else "") + "\n")
     return table
+
+
+def _baseline_line(baselines: dict | None, title: str) -> str:
+    """The forecast's log score beside the baselines', and its skill over the best of them."""
+    if not baselines or not baselines.get("all"):
+        return ""
+    parts = []
+    for subset, name in (("all", "all targets"), ("informative", "informative targets")):
+        s = baselines.get(subset)
+        if not s:
+            continue
+        scores = ", ".join(f"{k} {v['log_score']:.2f}" for k, v in s["forecasts"].items())
+        parts.append(f"{name} ({len(s['targets'])}): log score {scores}; skill over the best baseline "
+                     f"({s['best_baseline']}) {s['skill']:+.2f} nats, 90% [{s['skill_90'][0]:+.2f}, "
+                     f"{s['skill_90'][1]:+.2f}] over resampled targets")
+    return f"\n{title}, against forecasts made without a fit (log scores floored at {baselines['floor']:g}): " \
+        + "; ".join(parts) + ".\n"
 
 
 def _decision_line(records, prefix: str, title: str) -> str:

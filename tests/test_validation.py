@@ -1,0 +1,38 @@
+"""The closure's forecasts scored against baselines a lab could use without a fit."""
+
+import numpy as np
+import pytest
+
+from sdsl_jax.validation.closure import LOG_SCORE_FLOOR, baseline_scores
+
+
+def _record(target, m, n, t, p):
+    return dict(target=target, m_target=m, n_drafts=list(n), drafts=[f"d{int(v)}" for v in n],
+                measured_tokens_per_flop=list(t), p_best=list(p))
+
+
+def test_baselines_see_only_earlier_targets_and_the_skill_is_the_log_score_difference():
+    records = [
+        _record("A", 1e4, [1e2, 1e3], [1.0, 2.0], [0.2, 0.8]),
+        _record("B", 1e5, [1e2, 1e3, 1e4], [1.0, 3.0, 2.9], [0.1, 0.6, 0.3]),
+        _record("C", 1e6, [1e2, 1e3, 1e4, 1e5], [1.0, 2.0, 5.0, 3.0], [0.0, 0.1, 0.7, 0.2]),
+    ]
+    out = baseline_scores(records, seed=1)["all"]
+    f = out["forecasts"]
+    assert f["method"]["log_score"] == pytest.approx(np.log(0.8) + np.log(0.6) + np.log(0.7))
+    assert f["uniform"]["log_score"] == pytest.approx(np.log(1 / 2) + np.log(1 / 3) + np.log(1 / 4))
+    assert f["smallest"]["log_score"] == pytest.approx(3 * np.log(LOG_SCORE_FLOOR))  # never the best: floored
+    # previous-best: uniform for A; for B half on A's best (1e3) and half on one size up; for C half on 1e3, half on 1e4.
+    assert f["previous-best"]["log_score"] == pytest.approx(np.log(1 / 2) + np.log(0.5) + np.log(0.5))
+    best = out["best_baseline"]
+    assert best == max((k for k in f if k != "method"), key=lambda k: f[k]["log_score"])
+    assert out["skill"] == pytest.approx(f["method"]["log_score"] - f[best]["log_score"])
+    assert out["skill_90"][0] <= out["skill"] <= out["skill_90"][1]
+    # Informative targets: two candidates within 10% of the best measured T (only B: 3.0 and 2.9).
+    assert baseline_scores(records)["informative"]["targets"] == ["B"]
+    assert f["method"]["regret"] == pytest.approx(np.mean([0.0, 0.0, 0.0]))
+
+
+def test_baseline_scores_need_every_target_forecast():
+    records = [_record("A", 1e4, [1e2, 1e3], [1.0, 2.0], [0.2, 0.8])]
+    assert baseline_scores(records, "prospective_p_best") is None
