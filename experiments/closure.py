@@ -24,6 +24,15 @@ by Bayesian stacking (:func:`fit_forms`); P(best), the T bands and the predicted
 stacked mixture's, and with ``--prospective`` each fit without a draft size chooses its forms and
 weights again without it, so the forecast scored is the whole procedure's, form choice included.
 
+With ``--forward`` each target is also predicted as a lab would have predicted it before pairing it:
+from one fit of the pre-training runs of the target and of smaller models and of the acceptance
+pairs whose target is smaller (the paper's plane where those pairs cannot identify the acceptance
+model yet); its P(best), Bayes decision and regret are scored beside the baselines.
+
+Every forecast (in sample, prospective, forward) is scored by log score, Brier and regret beside
+forecasts made without a fit (uniform, the smallest draft, the previous target's best, a fixed M/N
+ratio), with the skill over the best of them and its interval over resampled targets.
+
 Writes ``closure.json``, ``closure.md`` (the table) and ``closure.png`` to ``--out``
 (``<data>/closure``).
 """
@@ -40,7 +49,8 @@ from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.validation.closure import close_loop, closure_scores, failed_diagnostics, measured_perplexities
 from sdsl_jax.validation.closure_report import closure_markdown, figure
-from sdsl_jax.validation.forms import ClosureSettings, Stages, fit_in_sample, prospective, stack_records
+from sdsl_jax.validation.forms import (ClosureSettings, Stages, add_forward, fit_in_sample, forward_fits, prospective,
+                                       stack_records)
 
 
 def parse_args(argv):
@@ -69,6 +79,9 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="output folder (<data>/closure)")
     p.add_argument("--mean-only", action="store_true", help="P(best) and the T bands from the law's mean and the "
                    "plane's coefficients only, without the residual scatter of new models")
+    p.add_argument("--forward", action="store_true",
+                   help="with --posterior: also predict each target from one fit of what came before it (the runs "
+                        "of it and of smaller models, the pairs of smaller targets): the forward-chaining score")
     p.add_argument("--prospective", action="store_true",
                    help="with --posterior: also predict each draft with its own size left out of both fits (one "
                         "refit per draft size), scored like the in-sample P(best)")
@@ -112,6 +125,8 @@ def validate_args(args) -> None:
         stacked_forms(args)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if args.forward and not args.posterior:
+        raise UsageError("--forward compares posterior forecasts: add --posterior")
 
 
 def check_named_models(speculative, pairs) -> None:
@@ -150,8 +165,17 @@ def _close(args, argv) -> int:
     if args.prospective:
         prospective_skipped, prospective_weights = prospective(records, speculative, runs, pairs, fit, settings,
                                                                stack=stack, stages=stages, log=log)
+    forward_fits_record = None
+    if args.forward:
+        forward_fits_record = {}
+        targets = {r["target"]: r["m_target"] for r in records}
+        fits = forward_fits(runs, pairs, targets, family=fit.point.family, model=fit.point.acceptance_model,
+                            starts_every=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
+                            propagate=args.propagate, seed=args.seed, stages=stages, summaries=forward_fits_record,
+                            log=log)
+        add_forward(records, fits, seed=args.seed)
     scores = closure_scores(records)
-    failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking)
+    failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking, forward_fits_record)
     if failed:
         log(f"diagnostics: {len(failed)} posterior(s) failed their checks (listed in closure.md)")
     table = closure_markdown(records, scores, fit, failed, propagate=args.propagate)
@@ -162,7 +186,7 @@ def _close(args, argv) -> int:
         **run_header("experiments.closure", argv), seed=args.seed,
         data={k: dict(path=v, sha256=t.sha256) for (k, v), t in zip(paths.items(), (runs, pairs, speculative))},
         law_family=point.family.name, acceptance_model=point.acceptance_model.name, stacking=fit.stacking,
-        prospective_fits=prospective_weights, failed_diagnostics=failed,
+        prospective_fits=prospective_weights, forward_fits=forward_fits_record, failed_diagnostics=failed,
         loss_law={k: float(v) for k, v in point.law._asdict().items()},
         plane={k: float(v) for k, v in point.plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=fit.diagnostics, forecast_scores=scores if fit.draws is not None else None,

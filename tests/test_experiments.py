@@ -225,8 +225,15 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     monkeypatch.setattr(form_fits, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
                          "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
-                         "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure"]) == 0
+                         "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure", "--forward"]) == 0
     result = json.loads((tmp_path / "closure.json").read_text())
+    # Forward chaining: the first target's runs (two sizes) cannot identify the law, the last one's can.
+    by_target = {r["target"]: r for r in result["targets"]}
+    first, last = (by_target[t] for t in sorted(by_target, key=lambda t: by_target[t]["m_target"])[::len(by_target) - 1])
+    assert "cannot identify" in first["forward_skipped"]
+    assert np.isclose(sum(last["forward_p_best"]), 1.0) and last["forward_bayes_decision"] in last["drafts"]
+    assert result["forecast_scores"]["forward"]["targets_scored"] == [last["target"]]
+    assert "Forward chaining" in (tmp_path / "closure.md").read_text()
     assert {"predictive", "mean_only"} <= result["forecast_scores"].keys()
     assert "cannot identify" in result["prospective_skipped"]
     assert "log_score_over_measured_uncertainty" in result["forecast_scores"]["predictive"]

@@ -177,12 +177,20 @@ def throughput_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: 
     inadmissible in a draw.
     """
     n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
-    laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
+    laws, planes = _draw_columns(draws)
     if scales is None:
         return np.asarray(draft_throughput(n, m_target, loss=laws, plane=planes, d_draft=d, d_target=d_target,
                                            cost=cost))
     return _predictive_throughput(laws, planes, scales, n, d, m_target, d_target, cost, seed,
                                   labels or CandidateLabels())
+
+
+def _draw_columns(draws: tuple) -> tuple:
+    """The paired draws as columns ``(draws, 1)`` against candidates; a fixed plane (no acceptance data)
+    is repeated for every draw of the law."""
+    count = np.size(draws[0][0])
+    return tuple(jax.tree.map(lambda v: np.broadcast_to(np.asarray(v, np.float64), (count,))[:, None], x)
+                 for x in draws)
 
 
 def best_draft_probabilities(t_draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,5 +235,5 @@ def acceptance_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: 
     """Posterior-predictive alpha of each candidate paired with the target, shape ``(draws, candidates)``:
     the draws :func:`throughput_draws` turns into T for the same ``seed`` (every draw in [0, 1])."""
     n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
-    laws, planes = (jax.tree.map(lambda v: np.asarray(v)[:, None], x) for x in draws)
+    laws, planes = _draw_columns(draws)
     return _predictive_alpha(laws, planes, scales, n, d, m_target, d_target, seed, labels or CandidateLabels())

@@ -50,11 +50,12 @@ def candidate_labels(runs, pairs, drafts, n, d, target: str, m: float, d_target:
     where the data do not hold them (a new model)."""
     from sdsl_jax import predict
 
+    drafts_in, targets_in = (set(pairs.draft), set(pairs.target)) if pairs is not None else (set(), set())
     return predict.CandidateLabels(
         draft_runs=tuple(run_label_of(runs, float(a), float(b)) for a, b in zip(n, d)),
         target_run=run_label_of(runs, m, d_target),
-        draft_models=tuple(dr if dr in set(pairs.draft) else None for dr in drafts),
-        target_model=target if target in set(pairs.target) else None)
+        draft_models=tuple(dr if dr in drafts_in else None for dr in drafts),
+        target_model=target if target in targets_in else None)
 
 
 def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
@@ -312,10 +313,22 @@ def decision_fields(t_draws: np.ndarray, drafts: list[str], measured: np.ndarray
 
 
 def closure_scores(records) -> dict:
+    """Every forecast the records hold, scored: in sample (predictive, and the mean curve only),
+    prospective (each draft's size left out) and forward (each target fitted on what came before it;
+    over the targets that have a forward fit), each with its baselines and decision regrets."""
+    forward = [r for r in records if "forward_p_best" in r]
     scores = {k: forecast_scores(records, key) for k, key in (("predictive", "p_best"),
                                                                ("mean_only", "p_best_mean_only"),
                                                                ("prospective", "prospective_p_best"))}
+    scores["forward"] = forecast_scores(forward, "forward_p_best")
     scores = {k: v for k, v in scores.items() if v is not None}
+    if "forward" in scores:
+        scores["forward"].update(
+            baselines=baseline_scores(forward, "forward_p_best"),
+            bayes_decision_regret=[r["forward_bayes_decision_regret"] for r in forward],
+            regret=[r["forward_regret"] for r in forward], targets_scored=[r["target"] for r in forward],
+            meaning="each target predicted by one fit of what came before it: the runs of it and of smaller "
+                    "models, the pairs of smaller targets (the paper's plane where there were none)")
     if "mean_only" in scores:
         scores["mean_only"]["meaning"] = "the same draws without the residual terms (law mean and plane only)"
     for key, p_key in (("predictive", "p_best"), ("prospective", "prospective_p_best")):
@@ -331,8 +344,10 @@ def closure_scores(records) -> dict:
     return scores
 
 
-def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | None) -> list[str]:
-    """One line per posterior (in-sample or a refit without a size) whose checks failed."""
+def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | None,
+                       forward: dict | None = None) -> list[str]:
+    """One line per posterior (in-sample, a refit without a size, or a target's forward fit) whose
+    checks failed."""
     def weight_of(name, forms):
         if not forms:
             return ""
@@ -342,6 +357,7 @@ def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | No
     out = []
     fits = [("all data", in_sample, None if stacking is None else stacking["forms"])]
     fits += [(f"without N = {size}", r.get("diagnostics", {}), r.get("forms")) for size, r in (refits or {}).items()]
+    fits += [(f"forward fit for {target}", r.get("diagnostics", {}), None) for target, r in (forward or {}).items()]
     for where, diagnostics, forms in fits:
         for name, d in diagnostics.items():
             if not d["ok"]:

@@ -80,6 +80,17 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                                                   f"{scores['mean_only']['brier']:.3f}") + ".\n")
     table += _baseline_line(scores.get("predictive", scores.get("mean_only", {})).get("baselines"), "In sample")
     table += _baseline_line(scores.get("prospective", {}).get("baselines"), "Prospective")
+    if "forward" in scores:
+        s, forward = scores["forward"], [r for r in records if "forward_p_best" in r]
+        table += ("\nForward chaining (each target fitted on the runs up to its size and the pairs of smaller "
+                  "targets): " + "; ".join(
+                      f"{r['target']}: Bayes decision {r['forward_bayes_decision']} (regret "
+                      f"{100 * r['forward_bayes_decision_regret']:.1f}%), P(measured best {r['measured_best']}) "
+                      f"{r['forward_p_best'][r['drafts'].index(r['measured_best'])]:.2f}" for r in forward)
+                  + f". Log score {s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f}."
+                  + "".join(f" {r['target']}: no forward forecast ({r['forward_skipped']})."
+                            for r in records if "forward_skipped" in r) + "\n")
+        table += _baseline_line(s.get("baselines"), "Forward")
     table += _decision_line(records, "", "In sample")
     table += _decision_line(records, "prospective_", "Prospective")
     if "prospective" in scores:

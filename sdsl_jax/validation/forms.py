@@ -24,6 +24,8 @@ __all__ = [
     "leave_size_out_fits",
     "add_prospective",
     "ClosureSettings",
+    "forward_fits",
+    "add_forward",
     "InSampleFit",
     "fit_in_sample",
     "prospective",
@@ -290,6 +292,76 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
                  prospective_most_probable=r["drafts"][int(np.nanargmax(p_best))],
                  prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()),
                  **decision_fields(t_draws, r["drafts"], measured, prefix="prospective_"))
+
+
+def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, starts_every: int, chains: int,
+                 warmup: int, draws: int, propagate: int, seed: int, stages: Stages | None = None,
+                 summaries: dict | None = None, log=print) -> dict[str, tuple | str]:
+    """For each target, one fit of what a lab would have before pairing it: every pre-training run of
+    the target and of smaller models, and the acceptance pairs whose target is smaller.
+
+    ``targets`` maps a target's name to its size M. Where those pairs cannot identify the acceptance
+    model yet (none, or too few), it is the paper's plane, held fixed, as it would be for that lab. Returns ``{target: (point, draws, scales, (runs, pairs))}``
+    (as :func:`leave_size_out_fits`), or ``{target: reason}`` where those data cannot identify the
+    loss law. ``summaries`` receives each fit's diagnostics.
+    """
+    from sdsl_jax import pipeline, predict
+    from sdsl_jax.infer.point import IdentifiabilityError, check_acceptance_data, check_loss_law_data
+
+    out = {}
+    for k, (name, m) in enumerate(sorted(targets.items(), key=lambda item: item[1]), 1):
+        train = runs.select(runs.n_params <= m)
+        earlier = pairs.select(pairs.n_target < m)
+        kept = earlier
+        try:
+            check_acceptance_data(earlier.ppl_draft, earlier.ppl_target, earlier.alpha, model=model)
+        except IdentifiabilityError:
+            kept = None  # too few pairs yet: the paper's plane
+        log(f"forward: {k}/{len(targets)}: target {name}, fitting the {len(train)} runs up to its size and the "
+            f"{len(earlier)} pairs of smaller targets")
+        try:
+            check_loss_law_data(train.n_params, train.n_tokens, train.loss, family=family)
+        except IdentifiabilityError as err:
+            out[name] = f"the runs up to this target cannot identify the loss law: {err.problem}"
+            log(f"  skipped ({out[name]})")
+            continue
+        starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
+        store = None if stages is None else stages.store(train, kept, family, model)
+        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts, stages=store)
+        post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
+                                         num_samples=draws, seed=seed, plane_seed=seed, stages=store)
+        if summaries is not None:
+            summaries[name] = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
+                                                for k, v in post.diagnostics.items()})
+        out[name] = (point, predict.paired_draws(post, count=propagate, seed=seed),
+                     predict.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
+                     (train, kept))
+    return out
+
+
+def add_forward(records: list[dict], fits: dict[str, tuple | str], *, seed: int = 0) -> None:
+    """Each target's candidates predicted by its forward fit (:func:`forward_fits`): P(best), the T band,
+    the Bayes decision and its regret, the point fit's pick and its regret (``forward_`` keys), or the
+    reason the target has no forward forecast (``forward_skipped``)."""
+    from sdsl_jax import predict
+
+    for r in records:
+        fit = fits.get(r["target"])
+        if fit is None or isinstance(fit, str):
+            r["forward_skipped"] = fit or "no forward fit"
+            continue
+        point, draws, scales, (runs, pairs) = fit
+        n, d = np.asarray(r["n_drafts"]), np.asarray(r["d_drafts"])
+        labels = candidate_labels(runs, pairs, r["drafts"], n, d, r["target"], r["m_target"], r["d_target"])
+        ranking = predict.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=r["m_target"], d_target=r["d_target"],
+                                      draws=draws, scales=scales, labels=labels, seed=seed)
+        measured = np.asarray(r["measured_tokens_per_flop"])
+        best = ranking.best
+        r.update(forward_p_best=ranking.p_best.tolist(), forward_tokens_per_flop=ranking.throughput.tolist(),
+                 forward_tokens_per_flop_band=ranking.throughput_band.tolist(),
+                 forward_best=r["drafts"][best] if best is not None else None,
+                 forward_regret=float(1 - measured[best] / measured.max()) if best is not None else float("nan"),
+                 **decision_fields(None, r["drafts"], measured, prefix="forward_", decision=ranking.decision))
 
 
 class InSampleFit(NamedTuple):
