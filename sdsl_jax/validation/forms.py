@@ -21,6 +21,7 @@ __all__ = [
     "fit_forms",
     "mixture_throughput",
     "stack_records",
+    "fit_data_set",
     "leave_size_out_fits",
     "add_prospective",
     "ClosureSettings",
@@ -202,6 +203,25 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
         r.update(decision_fields(t_draws, r["drafts"], measured))
 
 
+def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, warmup: int, draws: int,
+                 propagate: int, seed: int, stages: Stages | None = None) -> tuple[tuple, dict]:
+    """One data set fitted (point fit, then posteriors, kept in ``stages``): ``(point, paired draws,
+    predictive scales, (runs, pairs))`` and its summary (each posterior's diagnostics). ``pairs``
+    None: the paper's plane, held fixed."""
+    from sdsl_jax import pipeline, predict
+
+    starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[::starts_every]
+    store = None if stages is None else stages.store(runs, pairs, family, model)
+    point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts, stages=store)
+    post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup, num_samples=draws,
+                                     seed=seed, plane_seed=seed, stages=store)
+    summary = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
+                                for k, v in post.diagnostics.items()})
+    return (point, predict.paired_draws(post, count=propagate, seed=seed),
+            predict.predictive_scales(post, count=propagate, seed=seed, runs=runs, acceptance=pairs),
+            (runs, pairs)), summary
+
+
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
                         draws: int, propagate: int, seed: int, stack: tuple | None = None,
                         stages: Stages | None = None, summaries: dict | None = None,
@@ -217,8 +237,6 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
     :func:`fit_forms` summary: weights, PSIS-LOO, diagnostics). With ``stages``, finished fits are
     kept and reused on ``--resume``.
     """
-    from sdsl_jax import pipeline, predict
-
     out = {}
     for k, size in enumerate(sizes, 1):
         train = runs.select(runs.n_params != size)
@@ -234,17 +252,11 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
             if summaries is not None:
                 summaries[float(size)] = weights
             continue
-        starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
-        store = None if stages is None else stages.store(train, kept, family, model)
-        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts, stages=store)
-        post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
-                                         num_samples=draws, seed=seed, plane_seed=seed, stages=store)
+        out[float(size)], summary = fit_data_set(train, kept, family=family, model=model, starts_every=starts_every,
+                                                 chains=chains, warmup=warmup, draws=draws, propagate=propagate,
+                                                 seed=seed, stages=stages)
         if summaries is not None:
-            summaries[float(size)] = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
-                                                       for k, v in post.diagnostics.items()})
-        out[float(size)] = (point, predict.paired_draws(post, count=propagate, seed=seed),
-                            predict.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
-                            (train, kept))
+            summaries[float(size)] = summary
     return out
 
 
@@ -305,7 +317,6 @@ def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, start
     (as :func:`leave_size_out_fits`), or ``{target: reason}`` where those data cannot identify the
     loss law. ``summaries`` receives each fit's diagnostics.
     """
-    from sdsl_jax import pipeline, predict
     from sdsl_jax.infer.point import IdentifiabilityError, check_acceptance_data, check_loss_law_data
 
     out = {}
@@ -325,17 +336,11 @@ def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, start
             out[name] = f"the runs up to this target cannot identify the loss law: {err.problem}"
             log(f"  skipped ({out[name]})")
             continue
-        starts = family.starts(np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))[::starts_every]
-        store = None if stages is None else stages.store(train, kept, family, model)
-        point = pipeline.fit_point(train, kept, family=family, acceptance_model=model, starts=starts, stages=store)
-        post = pipeline.sample_posterior(train, kept, point, num_chains=chains, num_warmup=warmup,
-                                         num_samples=draws, seed=seed, plane_seed=seed, stages=store)
+        out[name], summary = fit_data_set(train, kept, family=family, model=model, starts_every=starts_every,
+                                          chains=chains, warmup=warmup, draws=draws, propagate=propagate, seed=seed,
+                                          stages=stages)
         if summaries is not None:
-            summaries[name] = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
-                                                for k, v in post.diagnostics.items()})
-        out[name] = (point, predict.paired_draws(post, count=propagate, seed=seed),
-                     predict.predictive_scales(post, count=propagate, seed=seed, runs=train, acceptance=kept),
-                     (train, kept))
+            summaries[name] = summary
     return out
 
 
