@@ -46,6 +46,7 @@ COMMITTED = (
     Committed("closure", "fits/ladder/closure/closure.json", False),
     Committed("closure_broken", "fits/ladder/closure_broken/closure.json", False),
     Committed("closure_stacked", "fits/ladder/closure_stacked/closure.json", False),
+    Committed("closure_forward", "fits/ladder/closure_forward/closure.json", False),
     Committed("holdout", "fits/ladder/holdout/holdout.json", False),
     Committed("elasticity", "fits/ladder/factorial/elasticity/elasticity.json", False),
 )
