@@ -9,7 +9,8 @@
 #               (about 60 minutes on 2 CPU cores; resumable: rerun after an interruption).
 # make ladder-factorial: the factorial ladder (7 sizes x 5 shared budgets, then the two held-back models, whose
 #               predictions are committed) and its exact acceptance pairs, into out/ladder/factorial/measure/
-#               (about 4 h 20 min on 2 CPU cores; resumable); fits/ladder/factorial/ holds the committed copy.
+#               (hours on 2 CPU cores, measured in docs/results/preregistered.md; resumable); fits/ladder/factorial/
+#               holds the committed copy.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

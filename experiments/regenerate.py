@@ -1,7 +1,7 @@
 """Regenerate the committed results from their recorded commands and compare them with what is committed.
 
     python -m experiments.regenerate                 # the quick ones
-    python -m experiments.regenerate --all           # every committed result (hours: NUTS in every fold)
+    python -m experiments.regenerate --all           # every committed result (long: NUTS in every fold)
     python -m experiments.regenerate --only wallclock,score
 
 Every committed result file records the command that made it (``command`` in its JSON). This reruns

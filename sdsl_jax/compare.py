@@ -15,7 +15,7 @@ from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.infer.posterior import acceptance_pointwise_log_likelihood, pointwise_log_likelihood
 from sdsl_jax.infer.results import Posterior
-from sdsl_jax.infer.sampler import PosteriorRun
+from sdsl_jax.infer.sampler import PosteriorRun, az
 from sdsl_jax.loss_laws import LossLawFamily
 from sdsl_jax.pipeline import PipelineResult
 from sdsl_jax.predict.draws import PredictiveScales, predictive_planes
@@ -24,9 +24,6 @@ from sdsl_jax.predict.ranking import draft_budget_near
 from sdsl_jax.recipes import as_recipe
 from sdsl_jax.store import StageStore
 
-with warnings.catch_warnings():  # ArviZ announces its refactor on import
-    warnings.simplefilter("ignore", FutureWarning)
-    import arviz as az
 
 __all__ = [
     "FormWeights",

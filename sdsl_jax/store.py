@@ -257,7 +257,7 @@ class StageStore:
           ``(run, reused)``.
         """
         from sdsl_jax import infer
-        from sdsl_jax.infer.sampler import az
+        from sdsl_jax.infer.sampler import az  # ArviZ, imported quietly in one place
 
         nc_path = os.path.join(self.folder, name + ".nc")
         cached = self.load(name)

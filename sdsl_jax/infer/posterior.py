@@ -21,13 +21,11 @@ import numpyro.util
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
-from sdsl_jax.infer.models import MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites, model_effects_plane_model_for, plane_model_for, run_effects_model_for
-from sdsl_jax.infer.sampler import PosteriorRun, jittered_starts, run_nuts, unconstrained_centre
+from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
+                                   model_effects_plane_model_for, plane_model_for, run_effects_model_for)
+from sdsl_jax.infer.sampler import PosteriorRun, az, jittered_starts, run_nuts, unconstrained_centre
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily, family_of
 
-with warnings.catch_warnings():  # ArviZ announces its refactor on import
-    warnings.simplefilter("ignore", FutureWarning)
-    import arviz as az
 
 with warnings.catch_warnings():  # ArviZ announces its refactor on import
     warnings.simplefilter("ignore", FutureWarning)

@@ -23,7 +23,7 @@ import numpyro.distributions as dist
 import numpyro.util
 from numpyro.infer import MCMC, NUTS
 
-with warnings.catch_warnings():  # ArviZ announces its refactor on import
+with warnings.catch_warnings():  # ArviZ announces its refactor on import; the one quiet import, used package-wide
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az
 

@@ -125,7 +125,7 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             rec["plane_only_tokens_per_flop"] = t_plane.tolist()
             rec["plane_only_best"] = drafts[int(np.nanargmax(t_plane))] if np.isfinite(t_plane).any() else None
         if draws is not None:
-            rec.update(decision_fields(None, drafts, measured_t, decision=ranking.decision))
+            rec.update(decision_fields(ranking.decision, drafts, measured_t))
             rec.update(posterior_forecast(point, ranking, draws, scales, n=n, d=d, m=m, d_target=d_prime,
                                            d_ref=d_ref, rho=rho, n_star_recipe=float(along.n_star), seed=seed))
         # The law's curve at D_ref, reaching down past N* and its band for the figure.
@@ -296,15 +296,10 @@ def outside_band(value: float, band) -> bool:
     return not band[0] <= value <= band[2]
 
 
-def decision_fields(t_draws: np.ndarray, drafts: list[str], measured: np.ndarray, *, prefix: str = "",
-                    decision=None) -> dict:
-    """The Bayes decision over ``(draws, candidates)`` T draws (the candidate with the highest
-    posterior-expected T, :func:`sdsl_jax.forecast.bayes_decision`; or ``decision``, already made on
-    them), its P(best), expected regret, and its regret against the ``measured`` T; keys start with
-    ``prefix``."""
-    from sdsl_jax.forecast import bayes_decision
-
-    decision = bayes_decision(t_draws) if decision is None else decision
+def decision_fields(decision, drafts: list[str], measured: np.ndarray, *, prefix: str = "") -> dict:
+    """A record's fields for the Bayes decision (:func:`sdsl_jax.forecast.bayes_decision`: the candidate
+    with the highest posterior-expected T): the draft, its P(best), its expected regret and its regret
+    against the ``measured`` T; keys start with ``prefix``."""
     measured = np.asarray(measured, np.float64)
     return {f"{prefix}bayes_decision": drafts[decision.choice],
             f"{prefix}bayes_decision_p_best": float(decision.p_best[decision.choice]),

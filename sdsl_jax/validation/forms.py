@@ -13,6 +13,7 @@ import numpy as np
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES, draft_throughput
 from sdsl_jax.data import DataError
 from sdsl_jax.store import StageStore, content_digest
+from sdsl_jax.forecast import bayes_decision
 from sdsl_jax.validation.closure import candidate_labels, decision_fields
 
 __all__ = [
@@ -200,7 +201,7 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
         measured = np.asarray(r["measured_tokens_per_flop"])
         r["predicted_best"] = r["drafts"][best] if best is not None else None
         r["measured_fraction_of_best"] = float(measured[best] / measured.max()) if best is not None else float("nan")
-        r.update(decision_fields(t_draws, r["drafts"], measured))
+        r.update(decision_fields(bayes_decision(t_draws), r["drafts"], measured))
 
 
 def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, warmup: int, draws: int,
@@ -303,7 +304,7 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
                  # The draft the prospective P(best) favours, and what choosing it costs.
                  prospective_most_probable=r["drafts"][int(np.nanargmax(p_best))],
                  prospective_most_probable_regret=float(1 - measured[int(np.nanargmax(p_best))] / measured.max()),
-                 **decision_fields(t_draws, r["drafts"], measured, prefix="prospective_"))
+                 **decision_fields(bayes_decision(t_draws), r["drafts"], measured, prefix="prospective_"))
 
 
 def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, starts_every: int, chains: int,
@@ -366,7 +367,7 @@ def add_forward(records: list[dict], fits: dict[str, tuple | str], *, seed: int 
                  forward_tokens_per_flop_band=ranking.throughput_band.tolist(),
                  forward_best=r["drafts"][best] if best is not None else None,
                  forward_regret=float(1 - measured[best] / measured.max()) if best is not None else float("nan"),
-                 **decision_fields(None, r["drafts"], measured, prefix="forward_", decision=ranking.decision))
+                 **decision_fields(ranking.decision, r["drafts"], measured, prefix="forward_"))
 
 
 class InSampleFit(NamedTuple):
