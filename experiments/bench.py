@@ -16,6 +16,8 @@ Sections:
               90% N* bands on synthetic ladders with per-run effects (mean-curve and predictive).
   nuts        posteriors of same-shaped datasets one after the other (calibration, refits): NumPyro's
               own sampling loop, compiled again on every run, against the loop compiled once; same draws.
+  geometry    NUTS on the Chinchilla reference and the model ladder with the law's terms stated at the
+              data's centre (shipped) against the same law at N = D = 1: steps per draw, ESS per second.
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
 
@@ -31,13 +33,15 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import bench_calibration, bench_loss_law_fit, bench_nuts_reuse
+from experiments.benchmarks.inference import (bench_calibration, bench_loss_law_fit, bench_nuts_geometry,
+                                              bench_nuts_reuse)
 from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
 from experiments.runlog import run_command, write_json
 
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
-            "calibration": bench_calibration, "nuts": bench_nuts_reuse, "decoding": bench_decoding}
+            "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
+            "decoding": bench_decoding}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +80,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_decoding(args.repeats)
         elif name == "nuts":
             results += bench_nuts_reuse(args.nuts_datasets)
+        elif name == "geometry":
+            results += bench_nuts_geometry()
         else:
             results += bench_calibration(args.calibration_datasets)
     if args.json:

@@ -65,7 +65,7 @@ def loss_law_coverage(num_datasets: int, *, num_runs: int = 60, num_warmup: int 
         d = 10 ** rng.uniform(9, 12, num_runs)
         mean = np.asarray(loss_law_log_prediction(theta, np.log(n), np.log(d)))
         loss = np.exp(mean + TRUE_LOSS_SIGMA * rng.standard_t(TRUE_NU, num_runs))
-        run = sample_loss_law(n, d, loss, init=TRUE_LAW, num_chains=1, num_warmup=num_warmup,
+        run = sample_loss_law(n, d, loss, num_chains=1, num_warmup=num_warmup,
                               num_samples=num_samples, seed=seed + i, progress_bar=False, summarize=False)
         draws = laws_from_posterior(run.samples)._asdict()
         for k in hits:
@@ -140,7 +140,7 @@ def n_star_coverage(num_datasets: int, *, m_target: float = 3e10, d_target: floa
         if i and i % 20 == 0:
             _release_compiled_code()
         n, d, loss, run, centre = synthetic_ladder(rng)
-        fit = sample_loss_law(n, d, loss, init=TRUE_LAW, run=run, num_chains=1, num_warmup=num_warmup,
+        fit = sample_loss_law(n, d, loss, run=run, num_chains=1, num_warmup=num_warmup,
                               num_samples=num_samples, seed=seed + i, progress_bar=False, summarize=False)
         laws = laws_from_posterior(fit.samples)
         s = fit.samples

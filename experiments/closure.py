@@ -73,6 +73,8 @@ def parse_args(argv):
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
+    p.add_argument("--reruns", type=int, default=1, help="times a posterior that fails its checks is run again from "
+                   "new prior starts, with twice the warm-up and draws (1)")
     p.add_argument("--propagate", type=int, default=1000, help="posterior draws pushed through N* (1000)")
     p.add_argument("--starts", type=int, default=1, metavar="K", help="use every K-th start of the law's grid (1: all)")
     p.add_argument("--seed", type=int, default=0)
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
 def validate_args(args) -> None:
     """Every argument checked before any work or file (UsageError names the argument)."""
     check_arguments(args, at_least_one=("chains", "warmup", "draws", "propagate", "starts"), out=args.out)
+    if args.reruns < 0:
+        raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
     try:
         stacked_forms(args)
     except ValueError as err:
@@ -152,10 +156,12 @@ def _close(args, argv) -> int:
     stack = stacked_forms(args)
     out = make_output_folder(args.out or os.path.join(args.data, "closure"))
     stages = Stages(os.path.join(out, "stages"), resume=args.resume, log=log.warning, settings=dict(
-        seed=args.seed, chains=args.chains, warmup=args.warmup, draws=args.draws, starts=args.starts))
+        seed=args.seed, chains=args.chains, warmup=args.warmup, draws=args.draws, starts=args.starts,
+        reruns=args.reruns))
     settings = ClosureSettings(law=args.law, acceptance_model=args.acceptance_model, starts_every=args.starts,
                                chains=args.chains, warmup=args.warmup, draws=args.draws, propagate=args.propagate,
-                               seed=args.seed, mean_only=args.mean_only, posterior=args.posterior)
+                               seed=args.seed, mean_only=args.mean_only, posterior=args.posterior,
+                               reruns=args.reruns)
     fit = fit_in_sample(runs, pairs, settings, stack=stack, stages=stages, log=log)
     records = close_loop(speculative, fit.point, draws=fit.draws, scales=fit.scales,
                          perplexities=measured_perplexities(pairs), seed=args.seed, runs=runs, pairs=pairs)
@@ -171,8 +177,8 @@ def _close(args, argv) -> int:
         targets = {r["target"]: r["m_target"] for r in records}
         fits = forward_fits(runs, pairs, targets, family=fit.point.family, model=fit.point.acceptance_model,
                             starts_every=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
-                            propagate=args.propagate, seed=args.seed, stages=stages, summaries=forward_fits_record,
-                            log=log)
+                            propagate=args.propagate, seed=args.seed, reruns=args.reruns, stages=stages,
+                            summaries=forward_fits_record, log=log)
         add_forward(records, fits, seed=args.seed)
     scores = closure_scores(records)
     failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking, forward_fits_record)

@@ -100,6 +100,8 @@ def parse_args(argv):
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (4)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS warm-up iterations per chain (500)")
     p.add_argument("--draws", type=int, default=500, help="NUTS draws per chain (500)")
+    p.add_argument("--reruns", type=int, default=1, help="times a posterior that fails its checks is run again "
+                   "from new prior starts, with twice the warm-up and draws (1)")
     p.add_argument("--starts", type=int, metavar="K", help="use every K-th of the 4,500 Epoch starts "
                    "(default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (0)")
@@ -201,7 +203,8 @@ def fit_and_predict(args, inputs: Inputs, log):
         result = pipeline.run(
             runs, acceptance, m_grid=m_grid, targets=named, d_target=args.d_target, recipe=recipe, family=family,
             acceptance_model=acceptance_model, cost=cost, posterior=args.posterior, num_chains=args.chains,
-            num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, starts=starts, stages=stages,
+            num_warmup=args.warmup, num_samples=args.draws, seed=args.seed, retries=args.reruns, starts=starts,
+            stages=stages,
             predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects, progress_bar=False,
             fit_progress=progress,
             log=log)
@@ -214,7 +217,7 @@ def fit_and_predict(args, inputs: Inputs, log):
             result, stacking = compare.stack_forms(
                 result, runs, acceptance, families=chosen, m_grid=m_grid, targets=named, d_target=args.d_target,
                 recipe=recipe, cost=cost, num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws,
-                seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
+                retries=args.reruns, seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
                 stages_for=lambda name: StageStore(os.path.join(args.out, "forms", name), resume=args.resume,
                                                    inputs=dict(fingerprint, law=name), log=log.warning),
                 log=log)

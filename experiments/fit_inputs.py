@@ -38,6 +38,8 @@ def validate_args(args, drop: int) -> None:
         raise UsageError(f"--starts K uses every K-th start: K must be at least 1, got {args.starts}")
     if drop < 0:
         raise UsageError(f"--drop-highest-loss must be >= 0, got {drop}")
+    if args.reruns < 0:
+        raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
     check_arguments(args, at_least_one=("chains", "warmup", "draws"), out=args.out)
     out = os.path.abspath(args.out)
     parent = os.path.dirname(out)

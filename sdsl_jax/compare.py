@@ -5,7 +5,7 @@ N* bands from the stacked mixture of their predictive draws.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -48,6 +48,9 @@ class FormWeights(NamedTuple):
       elpd_loo, elpd_se: expected log predictive density by PSIS-LOO and its standard error.
       pareto_k_max: the largest Pareto k of each form's PSIS (above 0.7: LOO unreliable there).
       method: how the weights were computed.
+      failed: forms whose posterior failed its checks (after the sampler's reruns): they get
+        weight 0 and the others are stacked, unless every form failed (then all are stacked, and
+        the method says so).
     """
 
     names: tuple[str, ...]
@@ -56,6 +59,7 @@ class FormWeights(NamedTuple):
     elpd_se: np.ndarray
     pareto_k_max: np.ndarray
     method: str
+    failed: tuple[str, ...] = ()
 
 
 def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior], *,
@@ -80,7 +84,7 @@ def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior], *,
         run = runs.run_index()[0] if "run_sd" in samples else None
         pointwise[name] = (pointwise_log_likelihood(samples, families[name], runs.n_params, runs.n_tokens,
                                                           runs.loss, run=run), samples["sigma"])
-    return _stacked(pointwise, "rows")
+    return _stacked(pointwise, "rows", failed=_failed(post.law_run for post in posteriors.values()))
 
 
 def acceptance_stacking_weights(acceptance: AcceptanceMeasurements, plane_runs: dict[str, PosteriorRun], *,
@@ -104,7 +108,7 @@ def acceptance_stacking_weights(acceptance: AcceptanceMeasurements, plane_runs: 
                                                        acceptance.ppl_target, acceptance.alpha,
                                                        weights=acceptance.regression_weights(), **groups)
         pointwise[name] = (ll, run.samples["sigma"])
-    return _stacked(pointwise, "pairs")
+    return _stacked(pointwise, "pairs", failed=_failed(plane_runs.values()))
 
 
 def stack(log_density: np.ndarray, *, tol: float = 1e-12, max_iterations: int = 100_000) -> np.ndarray:
@@ -153,30 +157,55 @@ def loo_log_densities(log_likelihood: np.ndarray, sigma: np.ndarray) -> tuple[np
     return np.asarray(loo.loo_i, np.float64), np.asarray(loo.pareto_k, np.float64)
 
 
-def _stacked(pointwise: dict[str, tuple[np.ndarray, np.ndarray]], rows: str) -> FormWeights:
-    """:func:`stack` over forms from ``{name: (log-likelihood (draws, rows), sigma draws)}`` by PSIS-LOO."""
+def _failed(runs: Iterable[PosteriorRun]) -> tuple[bool, ...]:
+    """Whether each run failed its checks (a run without diagnostics counts as passed)."""
+    return tuple(run.diagnostics is not None and not run.diagnostics.ok for run in runs)
+
+
+def _stack_passing(log_density: np.ndarray, failed: Sequence[bool]) -> tuple[np.ndarray, str]:
+    """:func:`stack` over the forms that passed their checks (weight 0 for the others), and a
+    note for the method; all forms when every one failed."""
+    failed = np.asarray(failed, bool) if len(failed) else np.zeros(log_density.shape[0], bool)
+    if log_density.shape[0] == 1:
+        return np.ones(1), ""
+    if failed.all() or not failed.any():
+        note = "; every form failed its posterior checks, all stacked" if failed.all() else ""
+        return stack(log_density), note
+    weights = np.zeros(log_density.shape[0])
+    weights[~failed] = stack(log_density[~failed]) if (~failed).sum() > 1 else 1.0
+    return weights, "; forms whose posterior failed its checks get weight 0"
+
+
+def _stacked(pointwise: dict[str, tuple[np.ndarray, np.ndarray]], rows: str, *,
+             failed: Sequence[bool] = ()) -> FormWeights:
+    """:func:`stack` over forms from ``{name: (log-likelihood (draws, rows), sigma draws)}`` by
+    PSIS-LOO; ``failed[k]``: form k's posterior failed its checks (:func:`_stack_passing`)."""
     names = tuple(pointwise)
     loo = [loo_log_densities(*pointwise[n]) for n in names]
     elpd_i = np.stack([v for v, _ in loo])
-    weights = stack(elpd_i) if len(names) > 1 else np.ones(1)
+    weights, note = _stack_passing(elpd_i, failed)
     rows_count = elpd_i.shape[1]
     method = ("a single form (weight 1)" if len(names) == 1 else
-              f"Bayesian stacking of PSIS-LOO predictive densities (compare.stack); {rows} left out one at a time")
+              f"Bayesian stacking of PSIS-LOO predictive densities (compare.stack); {rows} left out one at a time"
+              + note)
     return FormWeights(names, weights, elpd_i.sum(axis=1), np.sqrt(rows_count * elpd_i.var(axis=1)),
-                       np.array([float(np.max(k)) for _, k in loo]), method)
+                       np.array([float(np.max(k)) for _, k in loo]), method,
+                       tuple(n for n, f in zip(names, failed) if f))
 
 
-def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str) -> FormWeights:
+def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
+                             failed: Sequence[str] = ()) -> FormWeights:
     """Stacking weights over forms from held-out log densities: ``{name: log p(y_i)}`` of the points
     of folds that each left out a whole group (``groups`` names them, e.g. "model sizes"), where
-    PSIS-LOO, which leaves out one row, cannot say how a form predicts a new group."""
+    PSIS-LOO, which leaves out one row, cannot say how a form predicts a new group. Forms named
+    in ``failed`` (a posterior of theirs failed its checks) get weight 0 (:func:`_stack_passing`)."""
     names = tuple(log_density)
     stacked = np.stack([np.asarray(log_density[n], np.float64) for n in names])
-    weights = stack(stacked) if len(names) > 1 else np.ones(1)
+    weights, note = _stack_passing(stacked, [n in failed for n in names])
     return FormWeights(names, weights, stacked.sum(axis=1), np.sqrt(stacked.shape[1] * stacked.var(axis=1)),
                        np.full(len(names), np.nan),
                        f"Bayesian stacking of held-out predictive densities (compare.stack); {groups} left out one "
-                       "at a time")
+                       "at a time" + note, tuple(n for n in names if n in failed))
 
 
 def mixture_draw_indices(names: Sequence[str], weights: np.ndarray, total: int, *,
@@ -256,14 +285,15 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
                                families={k: r.point.family for k, r in results.items()})
     for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
                                     weights.pareto_k_max):
-        log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}")
+        note = " (its posterior failed its checks: no weight)" if name in weights.failed else ""
+        log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}{note}")
     grid_bands, named_bands = mixture_bands(results, weights, m_grid=m_grid, targets=targets, d_target=d_target,
                                             recipe=recipe, cost=cost, seed=seed)
     q = list(named_bands.quantiles)
     entry = dict(
         method=weights.method, forms=list(weights.names), weights=weights.weights.tolist(),
         elpd_loo=weights.elpd_loo.tolist(), elpd_se=weights.elpd_se.tolist(),
-        pareto_k_max=weights.pareto_k_max.tolist(), skipped=skipped,
+        pareto_k_max=weights.pareto_k_max.tolist(), skipped=skipped, failed_checks=list(weights.failed),
         meaning="the bands (targets, grid, linear law) are those of the stacked mixture of the forms' draws; the point "
                 "fit is --law's. For extrapolation to unseen sizes see experiments.holdout (grouped folds).",
         n_star_point={name: np.asarray(r.prediction.named.n_star).tolist() for name, r in results.items()},

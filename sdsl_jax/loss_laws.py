@@ -5,14 +5,17 @@ per token); being a pytree it can be differentiated, vmapped over posterior draw
 the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and sample a law:
 
 * ``theta_names``: the fitting coordinates ``theta`` (unconstrained where the optimiser needs it,
-  e.g. log-coefficients), which are also the NumPyro sites of the prior;
+  e.g. log-coefficients), which are also sites of the prior's trace;
 * ``from_theta`` / ``to_theta``: ``theta`` (leading batch axes allowed) <-> law;
 * ``log_loss(theta, log_n, log_d)``: log L in fitting coordinates, written stably (the fitters'
   residuals are ``log_loss - log L_observed``);
 * ``start_grid``: starts of the multi-start fit, an array of rows ``theta`` or a function of the
   data ``(log_n, log_d, log_loss) -> array`` (for a break that must lie inside the data);
-* ``prior()``: inside a NumPyro model, one ``numpyro.sample`` per name of ``theta_names`` (in that
-  order), returning ``theta``;
+* ``prior(centre)``: inside a NumPyro model, the priors, returning ``theta``; ``centre``
+  (:class:`DataCentre`) is the data's mean log N and log D, where a family states the priors of
+  its terms (``A / N_ref^alpha`` rather than ``A``, see :func:`_power_terms_prior`). Every name of
+  ``theta_names`` is a site of the trace (sampled, or ``numpyro.deterministic`` when the family
+  samples another coordinate);
 * ``min_sizes`` / ``min_budgets``: distinct model sizes N and token budgets D the data need before
   the law's N and D terms are identified (a term with k coefficients in one variable needs k + 1
   distinct values of it); :func:`sdsl_jax.infer.point.check_loss_law_data` refuses less.
@@ -50,6 +53,7 @@ __all__ = [
     "BrokenPowerLaw",
     "DataLaw",
     "LossLawFamily",
+    "DataCentre",
     "CHINCHILLA",
     "KAPLAN",
     "BROKEN_POWER_LAW",
@@ -73,6 +77,24 @@ def _positive_inputs(n_params: ArrayLike, n_tokens: ArrayLike, law) -> tuple[jax
     n, d, *fields = as_float(n_params, n_tokens, *law)
     ok = (n > 0) & (d > 0)
     return jnp.where(ok, n, 1.0), jnp.where(ok, d, 1.0), ok, fields
+
+
+class DataCentre(NamedTuple):
+    """Where a family's priors place its terms: the data's mean log N and mean log D.
+
+    A power-law term ``A / N^alpha`` written at ``N = 1`` puts its coefficient decades away from
+    the data, on a ridge with the exponent (``log A = log(A / N_ref^alpha) + alpha log N_ref``):
+    when the data do not pin ``alpha`` down, ``log A`` drifts with it to absurd values, and NUTS
+    needs long trajectories to follow the ridge. Written at the data's centre, the term's size is
+    what the data measure and the exponent keeps its own prior where the data are silent.
+    """
+
+    log_n: ArrayLike
+    log_d: ArrayLike
+
+    @classmethod
+    def of(cls, log_n: ArrayLike, log_d: ArrayLike) -> "DataCentre":
+        return cls(jnp.mean(jnp.asarray(log_n)), jnp.mean(jnp.asarray(log_d)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,24 +166,36 @@ EPOCH_GRID = np.array(
 """The Epoch replication's 4,500 starts, rows ``(a, b, e, alpha, beta)``."""
 
 
-def _chinchilla_prior() -> jax.Array:
-    """Priors of the Chinchilla law, weakly informative (they contain every published fit by a wide margin).
+def _power_terms_prior(centre: DataCentre) -> tuple[jax.Array, ...]:
+    """``(a, b, e, alpha, beta)`` of the Chinchilla terms, their priors stated at the data's centre.
 
-    * ``a, b ~ Normal(6, 4)``: log A, log B. Published fits have A, B between 4e2 and 2e3
-      (log 6-7.7); the prior's 95% range is A in [5e-1, 8e5].
-    * ``e ~ Normal(0.5, 1)``: log E, E in [0.2, 12] nats at 95%; text entropy is O(1) nat.
     * ``alpha, beta ~ LogNormal(log 0.35, 0.5)``: positive exponents, 95% in [0.13, 0.93];
       published values are 0.28-0.37.
+    * ``a_ref, b_ref ~ Normal(-1, 2)``: the log (in nats) of the N term ``A / N_ref^alpha`` and
+      of the D term ``B / D_ref^beta`` at the data's centre ``log N_ref, log D_ref``
+      (:class:`DataCentre`): each term between 0.007 and 20 nats at 95%. (Chinchilla's N term is
+      0.36 nats at its data's centre, the D term 0.24; a small model ladder's are 0.01 to 1.)
+      ``a = a_ref + alpha log N_ref`` and ``b = b_ref + beta log D_ref`` are recorded as
+      deterministic sites.
+    * ``e ~ Normal(0.5, 1)``: log E, E in [0.2, 12] nats at 95%; text entropy is O(1) nat.
     """
     import numpyro
     import numpyro.distributions as dist
 
-    a = numpyro.sample("a", dist.Normal(6.0, 4.0))
-    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
     alpha = numpyro.sample("alpha", dist.LogNormal(jnp.log(0.35), 0.5))
     beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
-    return jnp.stack([a, b, e, alpha, beta])
+    a_ref = numpyro.sample("a_ref", dist.Normal(-1.0, 2.0))
+    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    a = numpyro.deterministic("a", a_ref + alpha * centre.log_n)
+    b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
+    return a, b, e, alpha, beta
+
+
+def _chinchilla_prior(centre: DataCentre) -> jax.Array:
+    """Priors of the Chinchilla law, weakly informative and stated where the data are
+    (:func:`_power_terms_prior`); they contain every published fit by a wide margin."""
+    return jnp.stack(_power_terms_prior(centre))
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,16 +240,27 @@ def _kaplan_to_theta(law):
     return jnp.stack([jnp.log(law.N_c), jnp.log(law.D_c), jnp.asarray(law.alpha_N), jnp.asarray(law.alpha_D)])
 
 
-def _kaplan_prior():
-    """``log N_c, log D_c ~ Normal(25, 10)`` (Kaplan's are 32.1 and 31.6; small models sit far
-    lower); ``alpha_N, alpha_D ~ LogNormal(log 0.1, 1)`` (Kaplan: 0.076, 0.095)."""
+def _kaplan_prior(centre: DataCentre):
+    """Kaplan's terms stated at the data's centre ``log N_ref, log D_ref`` (:class:`DataCentre`).
+
+    * ``alpha_N, alpha_D ~ LogNormal(log 0.1, 1)`` (Kaplan: 0.076, 0.095).
+    * ``l_N, l_D ~ Normal(1, 1)``: the log of the loss each term alone gives at the centre,
+      ``l_N = log (N_c / N_ref)^alpha_N`` (the loss of a model of the data's typical size with
+      unlimited data) and ``l_D = log (D_c / D_ref)^alpha_D``: between 0.4 and 20 nats at 95%.
+      (Kaplan's law at a Chinchilla-sized centre gives 0.87 and 0.67.)
+      ``log N_c = log N_ref + l_N / alpha_N`` and ``log D_c = log D_ref + l_D / alpha_D`` are
+      recorded as deterministic sites: a scale far beyond the data trades off with its exponent
+      along a ridge, the loss at the centre does not.
+    """
     import numpyro
     import numpyro.distributions as dist
 
-    log_nc = numpyro.sample("log_N_c", dist.Normal(25.0, 10.0))
-    log_dc = numpyro.sample("log_D_c", dist.Normal(25.0, 10.0))
     alpha_n = numpyro.sample("alpha_N", dist.LogNormal(jnp.log(0.1), 1.0))
     alpha_d = numpyro.sample("alpha_D", dist.LogNormal(jnp.log(0.1), 1.0))
+    l_n = numpyro.sample("l_N", dist.Normal(1.0, 1.0))
+    l_d = numpyro.sample("l_D", dist.Normal(1.0, 1.0))
+    log_nc = numpyro.deterministic("log_N_c", centre.log_n + l_n / alpha_n)
+    log_dc = numpyro.deterministic("log_D_c", centre.log_d + l_d / alpha_d)
     return jnp.stack([log_nc, log_dc, alpha_n, alpha_d])
 
 
@@ -292,14 +337,15 @@ def _broken_grid(log_n, log_d, log_loss):
     ])
 
 
-def _broken_prior():
-    """Chinchilla's priors for (a, b, e, alpha, beta); ``log D_break ~ Normal(18, 6)`` (a break
+def _broken_prior(centre: DataCentre):
+    """Chinchilla's priors for (a, b, e, alpha, beta) (:func:`_power_terms_prior`, the D term's
+    size stated before its break); ``log D_break ~ Normal(18, 6)`` (a break
     anywhere between 1e3 and 1e13 tokens at 95%), ``c ~ Normal(0, 1)`` (the change of slope),
     ``log f ~ Normal(0, 1)`` (sharpness)."""
     import numpyro
     import numpyro.distributions as dist
 
-    a, b, e, alpha, beta = _chinchilla_prior()
+    a, b, e, alpha, beta = _power_terms_prior(centre)
     log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
     c = numpyro.sample("c", dist.Normal(0.0, 1.0))
     log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
@@ -336,14 +382,16 @@ def _data_to_theta(law):
     return jnp.stack([jnp.log(law.B), jnp.log(law.E), jnp.asarray(law.beta)])
 
 
-def _data_prior():
-    """Chinchilla's priors for b, e and beta."""
+def _data_prior(centre: DataCentre):
+    """Chinchilla's priors for b (stated at the data's centre, as ``b_ref``), e and beta
+    (:func:`_power_terms_prior`)."""
     import numpyro
     import numpyro.distributions as dist
 
-    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
     beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
+    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
     return jnp.stack([b, e, beta])
 
 
@@ -368,7 +416,7 @@ class LossLawFamily:
     from_theta: Callable[[ArrayLike], Any]
     to_theta: Callable[[Any], jax.Array]
     start_grid: np.ndarray | Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-    prior: Callable[[], jax.Array]
+    prior: Callable[[DataCentre], jax.Array]
     log_loss: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None
     description: str = ""
     min_sizes: int = 0

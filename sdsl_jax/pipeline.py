@@ -132,6 +132,7 @@ def sample_posterior(
     model_effects: bool | None = None,
     plane_run: PosteriorRun | None = None,
     law_run: PosteriorRun | None = None,
+    retries: int = 0,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
@@ -148,11 +149,13 @@ def sample_posterior(
     pairs. ``plane_run``: an acceptance posterior of the same data and model to reuse instead of
     sampling one (it does not depend on the loss law: forms compared side by side share it);
     ``law_run`` likewise a loss-law posterior of the same data and family (acceptance models
-    compared side by side share it). With ``stages``, each finished run
+    compared side by side share it). ``retries``: a run that fails its checks is run again, at
+    most this many times, longer (:func:`sdsl_jax.infer.posterior.rerun_until_checked`). With ``stages``, each finished run
     is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
-    kw = dict(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress_bar)
+    kw = dict(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress_bar,
+              retries=retries)
     if law_run is None:
         law_run = _law_posterior(runs, point, run_effects=run_effects, seed=seed, stages=stages, log=log, **kw)
     laws = laws_from_posterior(law_run.samples, point.family)
@@ -181,7 +184,7 @@ def _law_posterior(runs: PretrainingRuns, point: PointFit, *, run_effects: bool 
     progress = _nuts_progress(log, "loss law", kw["num_warmup"] + kw["num_samples"])
 
     def draw():
-        return sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, init=point.law, family=point.family,
+        return sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=point.family,
                                seed=seed, run=run, progress=progress, **kw)
 
     law_run, reused = stages.posterior("loss_law_posterior", draw) if stages else (draw(), False)
@@ -255,6 +258,7 @@ def run(
     num_warmup: int = 500,
     num_samples: int = 500,
     seed: int = 0,
+    retries: int = 0,
     starts: np.ndarray | None = None,
     stages: StageStore | None = None,
     progress_bar: bool = False,
@@ -277,7 +281,8 @@ def run(
       model_effects: per-draft and per-target model effects in the acceptance model (None: where
         identified; see :func:`sample_posterior`).
       plane_run: an acceptance posterior to reuse (see :func:`sample_posterior`).
-      num_chains, num_warmup, num_samples, seed: NUTS settings.
+      num_chains, num_warmup, num_samples, seed: NUTS settings; retries: reruns of a posterior that
+        fails its checks (:func:`sample_posterior`).
       starts: loss-law multi-start grid (default the family's).
       stages: a :class:`StageStore` for resumable runs.
       progress_bar: NumPyro's progress bars.
@@ -294,7 +299,7 @@ def run(
             f"{num_chains} chains x ({num_warmup} warm-up + {num_samples} draws)")
         post = sample_posterior(runs, acceptance, point, num_chains=num_chains, num_warmup=num_warmup,
                                 num_samples=num_samples, seed=seed, run_effects=run_effects,
-                                model_effects=model_effects, plane_run=plane_run,
+                                model_effects=model_effects, plane_run=plane_run, retries=retries,
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None

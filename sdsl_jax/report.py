@@ -169,7 +169,8 @@ def diagnostics_advice(name: str, post) -> str:
         return ("Check that the pairs cover several draft and target perplexities (a plane needs both to vary), "
                 "or turn the per-model effects off (--run-effects off) where few models repeat; then run longer "
                 "(--warmup/--draws).")
-    return "Run longer (--warmup/--draws) or more chains."
+    again = " (the sampler already ran it again with twice the draws)" if name in checks and checks[name].attempts > 1 else ""
+    return f"Run longer (--warmup/--draws) or more chains{again}."
 
 
 def format_table(summary: dict) -> str:

@@ -47,11 +47,52 @@ def test_diagnostics_flag_disagreeing_chains_and_divergences():
     assert check_diagnostics(good, 0, var_names=["theta"], num_steps=one_in_200, max_tree_depth=10).ok
 
 
+def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
+    import jax.numpy as jnp
+
+    from sdsl_jax.infer import loss_law_model, prior_starts
+
+    n, d = np.repeat([1e8, 3e8, 1e9], 3), np.tile([1e9, 1e10, 1e11], 3)
+    log_loss = jnp.log(jnp.asarray(HOFFMANN2022.loss(n, d)))
+    args = (jnp.log(jnp.asarray(n)), jnp.log(jnp.asarray(d)), log_loss)
+    starts = prior_starts(loss_law_model, args, 8, seed=0)
+    # Spread like the prior: log alpha ~ Normal(log 0.35, 0.5), a_ref ~ Normal(-1, 2).
+    assert 0.2 < np.std(np.asarray(starts["alpha"])) < 1.0
+    assert 1.0 < np.std(np.asarray(starts["a_ref"])) < 4.0
+    again = prior_starts(loss_law_model, args, 8, seed=0)
+    np.testing.assert_array_equal(np.asarray(starts["a_ref"]), np.asarray(again["a_ref"]))  # seeded
+    assert np.ndim(prior_starts(loss_law_model, args, 1, seed=0)["a_ref"]) == 0  # one chain: unbatched
+
+
+def test_a_run_that_fails_its_checks_runs_again_longer_from_new_starts():
+    from sdsl_jax.infer import Diagnostics, PosteriorRun, rerun_until_checked
+
+    calls = []
+
+    def attempt(warmup, draws, accept, seed):
+        calls.append((warmup, draws, accept, seed))
+        ok = len(calls) == 2
+        return PosteriorRun({}, None, Diagnostics(1.0 if ok else 1.2, 500.0, 0, ok, () if ok else ("R-hat",)))
+
+    out = rerun_until_checked(attempt, num_warmup=500, num_samples=400, target_accept=0.9, seed=3, retries=2)
+    assert out.diagnostics.ok and out.diagnostics.attempts == 2
+    assert calls[0] == (500, 400, 0.9, 3)
+    assert calls[1][:3] == (1000, 800, pytest.approx(0.95)) and calls[1][3] != 3
+
+    def failing(*_):
+        return PosteriorRun({}, None, Diagnostics(1.2, 500.0, 0, False, ("R-hat",)))
+
+    assert rerun_until_checked(failing, num_warmup=10, num_samples=10, target_accept=0.9, seed=0,
+                               retries=0).diagnostics.attempts == 1
+    still = rerun_until_checked(failing, num_warmup=10, num_samples=10, target_accept=0.9, seed=0, retries=2)
+    assert still.diagnostics.attempts == 3 and not still.diagnostics.ok  # the last run, failed, is returned
+
+
 def test_progress_reports_warm_up_and_draws_and_changes_no_draw():
     rng = np.random.default_rng(3)
     x, y = rng.uniform(5, 60, 40), rng.uniform(3, 20, 40)
     alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, 40)
-    kw = dict(num_chains=2, num_warmup=100, num_samples=200, progress_bar=False, seed=4)
+    kw = dict(num_chains=2, num_warmup=100, num_samples=200, progress_bar=False, seed=4, retries=0)
     lines = []
     pieces = sample_plane(x, y, alpha, progress=lines.append, **kw)
     whole = sample_plane(x, y, alpha, **kw)

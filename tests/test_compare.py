@@ -57,6 +57,21 @@ def test_grouped_weights_name_their_method_and_refuse_non_finite_densities():
         stack(np.array([[-1.0, np.nan], [-2.0, -1.0]]))
 
 
+def test_a_form_whose_posterior_failed_its_checks_gets_no_weight():
+    rng = np.random.default_rng(2)
+    log_density = {"a": np.log(rng.uniform(0.05, 1.0, 30)) + 0.5, "b": np.log(rng.uniform(0.05, 1.0, 30)),
+                   "c": np.log(rng.uniform(0.05, 1.0, 30))}
+    every = grouped_stacking_weights(log_density, groups="sizes")
+    assert every.weights[0] > 0.5 and every.failed == ()  # "a", the best, would lead
+    passing = grouped_stacking_weights(log_density, groups="sizes", failed=("a",))
+    assert passing.weights[0] == 0.0 and passing.failed == ("a",) and "weight 0" in passing.method
+    np.testing.assert_allclose(passing.weights[1:], stack(np.stack([log_density["b"], log_density["c"]])))
+    # Every form failed: all are stacked as before, and the method says so.
+    failed_all = grouped_stacking_weights(log_density, groups="sizes", failed=("a", "b", "c"))
+    np.testing.assert_allclose(failed_all.weights, every.weights)
+    assert "every form failed" in failed_all.method
+
+
 def test_mixture_takes_each_forms_share_of_distinct_draws():
     shares = mixture_draw_indices(["a", "b", "c"], np.array([0.7, 0.3, 0.0004]), 1000, seed=3)
     assert [name for name, _ in shares] == ["a", "b"]  # a share that rounds to no draw is left out

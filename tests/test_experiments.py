@@ -224,7 +224,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     fit_forms = form_fits.fit_forms
     monkeypatch.setattr(form_fits, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
-                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
+                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1", "--reruns", "0",
                          "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure", "--forward"]) == 0
     result = json.loads((tmp_path / "closure.json").read_text())
     # Forward chaining: the first target's runs (two sizes) cannot identify the law, the last one's can.
@@ -268,7 +268,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     for module, name in ((pipeline, "sample_loss_law"), (pipeline, "sample_plane"), (pipeline, "fit_loss_law")):
         monkeypatch.setattr(module, name, refuse)
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
-                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1",
+                         "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1", "--reruns", "0",
                          "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure", "--resume"]) == 0
     resumed = json.loads((tmp_path / "closure.json").read_text())
     assert [r["p_best"] for r in resumed["targets"]] == [r["p_best"] for r in result["targets"]]

@@ -28,14 +28,17 @@ class SharedExponentLaw(NamedTuple):
         return self.E + self.A / n**self.alpha + self.B / d**self.alpha
 
 
-def shared_prior():
+def shared_prior(centre):
     import numpyro
     import numpyro.distributions as dist
 
-    a = numpyro.sample("a", dist.Normal(6.0, 4.0))
-    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    # Each term's size stated at the data's centre, as the shipped families do.
     alpha = numpyro.sample("alpha", dist.LogNormal(jnp.log(0.35), 0.5))
+    a_ref = numpyro.sample("a_ref", dist.Normal(-1.0, 2.0))
+    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    a = numpyro.deterministic("a", a_ref + alpha * centre.log_n)
+    b = numpyro.deterministic("b", b_ref + alpha * centre.log_d)
     return jnp.stack([a, b, e, alpha])
 
 

@@ -27,7 +27,7 @@ LADDER = os.path.join(ROOT, "fits", "ladder")
 ENV = dict(os.environ, SDSL_JAX_COMPILE_CACHE="off", PYTHONUNBUFFERED="1")
 # A small fit: 45 of the 4,500 Epoch starts, one short chain; enough to make every stage.
 SMALL = ["--starts", "100", "--no-figures", "--quiet"]
-POSTERIOR = ["--posterior", "--chains", "1", "--warmup", "40", "--draws", "40"]
+POSTERIOR = ["--posterior", "--chains", "1", "--warmup", "40", "--draws", "40", "--reruns", "0"]
 
 
 def _ladder_copy(tmp_path, edit=None):

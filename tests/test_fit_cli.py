@@ -45,7 +45,7 @@ def test_posterior_with_acceptance_data(tmp_path, capsys):
     acc = synthetic_acceptance(tmp_path / "acc.csv", np.random.default_rng(0))
     out = tmp_path / "out"
     # Two named targets: by default a run on user pairs predicts for every measured target (30 here).
-    code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150",
+    code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150", "--reruns", "0",
                          "--starts", "10", "--num-targets", "5", "--out", str(out), "--seed", "3",
                          "--targets", "13e9", "7e10"])
     assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
@@ -62,7 +62,7 @@ def test_posterior_with_acceptance_data(tmp_path, capsys):
 
 def test_strict_fails_loudly_when_diagnostics_fail(tmp_path, capsys):
     # 20 draws per chain cannot reach a bulk ESS of 400.
-    code = fit_cli.main(["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--starts", "45",
+    code = fit_cli.main(["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--reruns", "0", "--starts", "45",
                          "--num-targets", "3", "--out", str(tmp_path), "--strict", "--no-figures"])
     out = capsys.readouterr().out
     assert code == 3 and "WARNING" in out and "failed its diagnostics" in out
@@ -96,7 +96,7 @@ def test_help_explains_the_options():
 
 
 def test_resume_reuses_finished_stages_only_when_inputs_match(tmp_path, capsys):
-    base = ["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--starts", "45", "--num-targets", "3",
+    base = ["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--reruns", "0", "--starts", "45", "--num-targets", "3",
             "--out", str(tmp_path), "--no-figures"]
     assert fit_cli.main(base) == 0
     first = json.loads((tmp_path / "summary.json").read_text())
@@ -127,7 +127,7 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     """`--stack FORMS`: the forms fitted, weighted by stacking, the bands of the mixture;
     the ladder's sizes are runs with four budgets each, so the posterior has per-run effects."""
     out = tmp_path / "out"
-    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--warmup", "60",
+    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--reruns", "0", "--warmup", "60",
                          "--draws", "60", "--starts", "20", "--num-targets", "3", "--out", str(out), "--quiet",
                          "--no-figures"])
     assert code == 0

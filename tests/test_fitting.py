@@ -152,3 +152,30 @@ def test_acceptance_data_that_cannot_identify_the_plane_are_refused(model):
         with pytest.raises(IdentifiabilityError, match=fragment) as info:
             fit_acceptance_plane(*args, model=m)
         assert info.value.column == column
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_family_states_its_priors_at_the_data_centre_and_returns_theta(name):
+    """Every name of theta is a site of the prior's trace, and the returned theta is those sites;
+    the power-law families' coefficient at N = 1 follows the centre (the term's size there is sampled)."""
+    import numpyro
+    import numpyro.distributions  # noqa: F401
+
+    from sdsl_jax import DataCentre
+
+    family = FAMILIES[name]
+
+    def draw(centre):
+        with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=3):
+            theta = family.prior(centre)
+        return theta, trace
+
+    theta, trace = draw(DataCentre(13.0, 16.0))
+    np.testing.assert_allclose(theta, [trace[n]["value"] for n in family.theta_names])
+    moved, _ = draw(DataCentre(20.0, 24.0))  # same draws, another centre
+    sampled = [n for n in family.theta_names if trace[n]["type"] == "sample"]
+    np.testing.assert_allclose([moved[family.theta_names.index(n)] for n in sampled],
+                               [theta[family.theta_names.index(n)] for n in sampled])
+    if name in ("chinchilla", "broken"):
+        i, alpha = family.theta_names.index("a"), theta[family.theta_names.index("alpha")]
+        np.testing.assert_allclose(moved[i] - theta[i], alpha * 7.0, rtol=1e-12)  # a = a_ref + alpha log N_ref

@@ -91,19 +91,25 @@ def test_identification_flags_what_the_data_leave_to_the_prior():
     from numpyro.infer import Predictive  # noqa: F401  (loads numpyro.infer)
 
     from sdsl_jax import CHINCHILLA, infer
+    from sdsl_jax.loss_laws import DataCentre
 
     rng = np.random.default_rng(0)
+    centre = dict(centre_log_n=np.asarray(13.0), centre_log_d=np.asarray(15.0))
     # A "posterior" that is the prior: nothing identified.
-    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1))
-    as_prior = {n: np.asarray(draws[n]).reshape(-1) for n in CHINCHILLA.theta_names}
-    flags = infer.identification(as_prior, CHINCHILLA).flags
-    assert len([f for f in flags if "weakly identified" in f]) == 5
-    # Tight in every coordinate, log A and alpha trading off (correlation ~1): identified.
+    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1), DataCentre(13.0, 15.0))
+    sites = ("a_ref", "b_ref", "e", "alpha", "beta")
+    as_prior = {n: np.asarray(draws[n]).reshape(-1) for n in sites} | centre
+    result = infer.identification(as_prior, CHINCHILLA)
+    assert sorted(result.names) == sorted(sites)
+    assert len([f for f in result.flags if "weakly identified" in f]) == 5
+    # Tight in every coordinate, the term's size and alpha trading off (correlation ~1): identified.
     x = rng.standard_normal(4000)
-    tight = dict(a=6.2 + 0.01 * x, b=rng.normal(7.6, 0.01, 4000), e=rng.normal(0.6, 0.005, 4000),
-                 alpha=0.35 + 0.001 * x + 1e-6 * rng.standard_normal(4000), beta=rng.normal(0.37, 0.001, 4000))
+    tight = dict(a_ref=-1.0 + 0.01 * x, b_ref=rng.normal(-1.4, 0.01, 4000), e=rng.normal(0.6, 0.005, 4000),
+                 alpha=0.35 + 0.001 * x + 1e-6 * rng.standard_normal(4000), beta=rng.normal(0.37, 0.001, 4000),
+                 **centre)
     result = infer.identification(tight, CHINCHILLA)
-    assert result.flags == () and np.all(result.contraction > 0.99) and result.correlation[0, 3] > 0.99
+    i, j = result.names.index("a_ref"), result.names.index("alpha")
+    assert result.flags == () and np.all(result.contraction > 0.99) and result.correlation[i, j] > 0.99
     # The N exponent left to its prior (the ladder's case): flagged by name.
     loose = dict(tight, alpha=as_prior["alpha"])
     assert any(f.startswith("alpha: weakly identified") for f in infer.identification(loose, CHINCHILLA).flags)

@@ -34,7 +34,7 @@ def test_one_row_per_run_has_no_repeated_runs(tmp_path):
 def test_sample_loss_law_refuses_a_bad_run_index():
     n, d, loss, run, _ = synthetic_ladder(np.random.default_rng(0))
     with pytest.raises(ValueError, match="run must hold"):
-        infer.sample_loss_law(n, d, loss, init=TRUE_LAW, run=run[:-1], num_chains=1, num_warmup=5, num_samples=5)
+        infer.sample_loss_law(n, d, loss, run=run[:-1], num_chains=1, num_warmup=5, num_samples=5)
 
 
 def test_new_run_offsets_have_the_summed_variance():
@@ -82,7 +82,7 @@ def test_hierarchical_posterior_finds_the_run_slope_and_shrinks_the_residual():
     # the row residual than the model with independent rows does.
     rng = np.random.default_rng(11)
     n, d, loss, run, _ = synthetic_ladder(rng)
-    kw = dict(init=TRUE_LAW, num_chains=2, num_warmup=300, num_samples=300, seed=0, progress_bar=False)
+    kw = dict(num_chains=2, num_warmup=300, num_samples=300, seed=0, progress_bar=False)
     hier = infer.sample_loss_law(n, d, loss, run=run, **kw)
     iid = infer.sample_loss_law(n, d, loss, **kw)
     slope = np.asarray(hier.samples["run_slope_sd"])

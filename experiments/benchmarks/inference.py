@@ -113,7 +113,7 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
     kw = dict(num_chains=1, num_warmup=150, num_samples=250, progress_bar=False, summarize=False)
     cases = (("plane, 40 pairs", lambda i: infer.sample_plane(x[i], y[i], alpha[i], seed=i, **kw)),
              ("loss law with run effects, 28 runs", lambda i: infer.sample_loss_law(
-                 *ladders[i][:3], init=TRUE_LAW, run=ladders[i][3], seed=i, **kw)))
+                 *ladders[i][:3], run=ladders[i][3], seed=i, **kw)))
     rows = []
     for name, sample in cases:
         times, draws = {}, {}
@@ -136,4 +136,59 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
         rows.append(dict(name=f"nuts reuse {name}", datasets=datasets, numpyro_s=times["numpyro"][1],
                          jax_s=times["sdsl_jax"][1], speedup=times["numpyro"][1] / times["sdsl_jax"][1],
                          first_run_s=[times["numpyro"][0], times["sdsl_jax"][0]], identical=same))
+    return rows
+
+
+def _prior_at_unit_size(centre):
+    """The Chinchilla priors stated at N = D = 1 (``log A, log B ~ Normal(6, 4)``), the usual way of
+    writing them and the alternative the shipped priors at the data's centre are measured against."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    a = numpyro.sample("a", dist.Normal(6.0, 4.0))
+    b = numpyro.sample("b", dist.Normal(6.0, 4.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    alpha = numpyro.sample("alpha", dist.LogNormal(jnp.log(0.35), 0.5))
+    beta = numpyro.sample("beta", dist.LogNormal(jnp.log(0.35), 0.5))
+    return jnp.stack([a, b, e, alpha, beta])
+
+
+def bench_nuts_geometry() -> list[dict]:
+    """NUTS on the shipped posteriors (4 chains x (500 + 500), dense mass matrix, no reruns) with the
+    Chinchilla law's terms stated at the data's centre (shipped) against the same law stated at
+    N = D = 1: leapfrog steps per draw, draws at the tree-depth cap, bulk ESS and ESS per second."""
+    import dataclasses
+
+    from sdsl_jax import CHINCHILLA, infer
+    from sdsl_jax.data import load_pretraining
+
+    at_unit = dataclasses.replace(CHINCHILLA, prior=_prior_at_unit_size)
+    datasets = (("Chinchilla reference", "fits/data/chinchilla_fig4.csv", False),
+                ("model ladder, run effects", "fits/ladder/pretraining.csv", True))
+    rows = []
+    for name, path, effects in datasets:
+        runs = load_pretraining(path)
+        run = runs.run_index()[0] if effects else None
+        result = {}
+        for side, family in (("at N = 1", at_unit), ("at the data's centre", CHINCHILLA)):
+            infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run, num_chains=4,
+                                  num_warmup=20, num_samples=20, progress_bar=False, retries=0)  # compiles
+            start = time.perf_counter()
+            out = infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run,
+                                        num_chains=4, num_warmup=500, num_samples=500, progress_bar=False, retries=0)
+            seconds, d = time.perf_counter() - start, out.diagnostics
+            result[side] = dict(seconds=seconds, median_steps=d.median_steps, mean_steps=d.mean_steps,
+                                at_cap=d.max_tree_depth_share, min_ess=d.min_ess_bulk, max_rhat=d.max_rhat,
+                                divergences=d.num_divergences, ok=d.ok, ess_per_s=d.min_ess_bulk / seconds)
+            print(f"nuts geometry, {name}, terms {side}: median {d.median_steps:.0f} steps per draw (mean "
+                  f"{d.mean_steps:.0f}), {d.max_tree_depth_share:.0%} at the cap, min bulk ESS {d.min_ess_bulk:.0f}, "
+                  f"max R-hat {d.max_rhat:.3f}, {d.num_divergences} divergent, {seconds:.1f} s, "
+                  f"{d.min_ess_bulk / seconds:.0f} ESS/s; checks {'pass' if d.ok else 'fail'}", flush=True)
+        old, new = result["at N = 1"], result["at the data's centre"]
+        print(f"nuts geometry, {name}: steps per draw {old['median_steps'] / new['median_steps']:.1f}x fewer, "
+              f"ESS per second {new['ess_per_s'] / old['ess_per_s']:.1f}x", flush=True)
+        rows.append(dict(name=f"nuts geometry {name}", at_unit_size=old, at_data_centre=new,
+                         steps_ratio=old["median_steps"] / new["median_steps"],
+                         ess_per_s_ratio=new["ess_per_s"] / old["ess_per_s"]))
     return rows

@@ -5,7 +5,7 @@ point       multi-start summed-Huber fits of loss laws, weighted least squares o
 models      the NumPyro models: loss-law families (rows i.i.d., or with per-run effects) and
             acceptance models (with or without per-model effects), with their priors
 sampler     NUTS runs: compiled once per shape, progress, diagnostics (R-hat, ESS, divergences,
-            tree depth), dispersed starts in unconstrained space
+            tree depth), each chain started from its own prior draw
 posterior   posteriors of the links (:func:`sample_loss_law`, :func:`sample_plane`), pointwise
             log-likelihoods, identification (prior-to-posterior contraction)
 results     typed results: :class:`PointFit`, :class:`Posterior`, :class:`PosteriorChecks`

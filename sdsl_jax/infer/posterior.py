@@ -1,6 +1,6 @@
 """Posteriors of the chain's fitted links: NUTS on the models of :mod:`sdsl_jax.infer.models`.
 
-:func:`sample_loss_law` and :func:`sample_plane` start the chains around the point fit and
+:func:`sample_loss_law` and :func:`sample_plane` start every chain from its own prior draw and
 return a checked :class:`~sdsl_jax.infer.sampler.PosteriorRun`; :func:`laws_from_posterior` and
 :func:`planes_from_posterior` turn its draws into the chain's law and acceptance types (fields
 of shape ``(draws,)``); the pointwise log-likelihoods feed model comparison
@@ -23,8 +23,8 @@ from jax.typing import ArrayLike
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
                                    model_effects_plane_model_for, plane_model_for, run_effects_model_for)
-from sdsl_jax.infer.sampler import PosteriorRun, az, jittered_starts, run_nuts, unconstrained_centre
-from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily, family_of
+from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
+from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
 
 with warnings.catch_warnings():  # ArviZ announces its refactor on import
@@ -32,6 +32,7 @@ with warnings.catch_warnings():  # ArviZ announces its refactor on import
 
 __all__ = [
     "sample_loss_law",
+    "rerun_until_checked",
     "pointwise_log_likelihood",
     "Identification",
     "identification",
@@ -56,8 +57,7 @@ def sample_loss_law(
     n_tokens: ArrayLike,
     loss: ArrayLike,
     *,
-    init,
-    family: LossLawFamily | None = None,
+    family: LossLawFamily = CHINCHILLA,
     num_chains: int = 4,
     num_warmup: int = 500,
     num_samples: int = 500,
@@ -68,49 +68,73 @@ def sample_loss_law(
     summarize: bool = True,
     progress: Callable[[str], None] | None = None,
     dense_mass: bool = True,
+    retries: int = 0,
 ) -> PosteriorRun:
-    """NUTS posterior of a loss law on runs (N, D, L), started around the point fit ``init``.
+    """NUTS posterior of a loss-law ``family`` on runs (N, D, L), every chain started from the prior.
 
-    ``family`` defaults to the shipped family of ``init``'s type. ``run`` (an integer per row,
-    e.g. :meth:`sdsl_jax.data.PretrainingRuns.run_index`) selects the hierarchical model with
-    per-run effects (:func:`run_effects_model_for`); None keeps rows independent. The samples
-    then also hold ``centre_log_d`` (the data's mean log D, for :func:`new_run_offsets`).
+    No chain starts at a point fit: a point fit can sit at a degenerate optimum (a coefficient
+    in the 1e200s whose term switches on for one size), and chains started together there agree
+    by construction (:func:`~sdsl_jax.infer.sampler.prior_starts`).
+
+    ``run`` (an integer per row, e.g. :meth:`sdsl_jax.data.PretrainingRuns.run_index`) selects
+    the hierarchical model with per-run effects (:func:`run_effects_model_for`); None keeps rows
+    independent. The samples also hold ``centre_log_n`` and ``centre_log_d``, the data's centre
+    where the priors are stated (:class:`~sdsl_jax.loss_laws.DataCentre`; ``centre_log_d`` is
+    also the run effects' centre, for :func:`new_run_offsets`).
     ``summarize=False`` skips the ArviZ conversion and diagnostics (``inference_data`` and
     ``diagnostics`` are then None): for loops over many small fits such as calibration.
     ``progress`` receives a line after the warm-up and after each fifth of the draws (draws done,
     time left); the draws are the same with or without it.
 
-    ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients are strongly
-    correlated (a scale with its exponent, the irreducible loss with both), which a diagonal
-    metric can only follow with long trajectories, many at the maximum tree depth
-    (:attr:`Diagnostics.max_tree_depth_share`; ``docs/results/chinchilla_reference.md`` has the comparison).
+    ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients stay
+    correlated even at the data's centre (the irreducible loss with both terms), which a diagonal
+    metric can only follow with long trajectories (:attr:`Diagnostics.median_steps`;
+    ``docs/results/chinchilla_reference.md`` has the comparison).
+
+    ``retries``: how many times a run that fails its checks is run again, longer
+    (:func:`rerun_until_checked`); 0, one run whatever its checks say.
     """
-    family = family_of(init) if family is None else family
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    theta = np.asarray(family.to_theta(init), np.float64)
-    residual = np.asarray(log_loss) - np.asarray(family.log_prediction(jnp.asarray(theta), log_n, log_d))
-    centre = unconstrained_centre(family.prior, dict(zip(family.theta_names, theta)))
-    scale = max(np.median(np.abs(residual)) * 1.4826, 1e-4)
-    centre.update(sigma=float(np.log(scale)), nu=float(np.log(5.0)))
     if run is not None:
         run = _group_index(run, np.shape(loss), "run must hold one non-negative integer per row "
                                                 "(PretrainingRuns.run_index())")
     model, args = _loss_law_model(family, log_n, log_d, run)
     args = (*args, log_loss)
-    if run is not None:
-        count = int(run.max(initial=-1)) + 1
-        centre.update(sigma=float(np.log(scale / np.sqrt(2))), run_sd=float(np.log(scale / np.sqrt(2))),
-                      run_slope_sd=float(np.log(0.01)))
-        # The per-run z start at zero (NumPyro's uniform init would scatter them over [-2, 2]).
-        centre.update(run_z=np.zeros(count), run_slope_z=np.zeros(count))
-    out = run_nuts(model, args,
-                     init_params=jittered_starts(centre, num_chains, seed, 0.02),
-                     var_names=loss_law_sites(family, run_effects=run is not None),
-                     num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
-                     progress_bar=progress_bar, target_accept=target_accept, summarize=summarize,
-                     progress=progress, dense_mass=dense_mass)
-    if run is not None:
-        out.samples["centre_log_d"] = np.asarray(float(jnp.mean(log_d)))
+
+    def attempt(warmup, draws, accept, attempt_seed):
+        return run_nuts(model, args, init_params=prior_starts(model, args, num_chains, attempt_seed),
+                        var_names=loss_law_sites(family, run_effects=run is not None),
+                        num_chains=num_chains, num_warmup=warmup, num_samples=draws, seed=attempt_seed,
+                        progress_bar=progress_bar, target_accept=accept, summarize=summarize,
+                        progress=progress, dense_mass=dense_mass)
+
+    out = rerun_until_checked(attempt, num_warmup=num_warmup, num_samples=num_samples, target_accept=target_accept,
+                              seed=seed, retries=retries, progress=progress)
+    centre = DataCentre.of(log_n, log_d)
+    out.samples.update(centre_log_n=np.asarray(float(centre.log_n)), centre_log_d=np.asarray(float(centre.log_d)))
+    return out
+
+
+def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun], *, num_warmup: int,
+                        num_samples: int, target_accept: float, seed: int, retries: int,
+                        progress: Callable[[str], None] | None = None) -> PosteriorRun:
+    """``attempt(warmup, draws, target_accept, seed)``, run again while its checks fail, at most
+    ``retries`` more times, each time from new prior starts with twice the warm-up and the draws
+    (too few effective draws is the commonest failure) and a higher target acceptance (smaller
+    steps, fewer divergences). The last run is returned: its diagnostics say whether it passed,
+    and a form whose posterior still fails gets no weight in stacking (:mod:`sdsl_jax.compare`).
+    """
+    out = attempt(num_warmup, num_samples, target_accept, seed)
+    for k in range(1, retries + 1):
+        if out.diagnostics is None or out.diagnostics.ok:
+            break
+        num_warmup, num_samples = 2 * num_warmup, 2 * num_samples
+        target_accept = max(target_accept, 1.0 - (1.0 - target_accept) / 2)
+        if progress is not None:
+            progress(f"failed its checks ({'; '.join(out.diagnostics.problems)}): run again from new starts, "
+                     f"{num_warmup} warm-up + {num_samples} draws per chain, target acceptance {target_accept:.3f}")
+        out = attempt(num_warmup, num_samples, target_accept, seed + 1000 * k)
+        out = out._replace(diagnostics=out.diagnostics._replace(attempts=k + 1))
     return out
 
 
@@ -131,7 +155,8 @@ def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFami
     """
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
     model, args = _loss_law_model(family, log_n, log_d, run)
-    sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items() if k != "centre_log_d"}
+    sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items()
+             if k not in ("centre_log_n", "centre_log_d")}
     with jax.numpy_dtype_promotion("standard"):
         ll = numpyro.infer.log_likelihood(model, sites, *args, log_loss=log_loss)["log_loss"]
     return np.asarray(ll)
@@ -141,7 +166,7 @@ class Identification(NamedTuple):
     """How much the data identify each parameter of a posterior.
 
     Attributes:
-      names: the parameters (the family's fitting coordinates theta).
+      names: the parameters (the sampled sites of the family's prior).
       contraction: ``1 - var_posterior / var_prior`` per parameter: near 1 the data pin it down,
         near 0 (or below) the posterior is the prior.
       correlation: posterior correlation matrix of the parameters.
@@ -161,14 +186,14 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
     A parameter whose posterior keeps more than half its prior variance (contraction below
     ``min_contraction``) is "weakly identified"; a pair with posterior ``|correlation|`` above
     ``max_correlation`` is identified only in combination when one of the two also keeps more
-    than 10% of its prior variance. (A coefficient and its exponent, log A and alpha, trade off
-    around the data's centre: on Chinchilla they correlate at 0.999 while each keeps under 1% of
-    its prior variance and every prediction is pinned down, which is no identification problem.)
-    Both are computed in the family's fitting coordinates (log coefficients), where the prior
-    is stated.
+    than 10% of its prior variance. Both are computed in the coordinates where the family
+    states its prior (its sampled sites: a term's size at the data's centre, ``a_ref``, rather
+    than its coefficient at ``N = 1``), at the centre the posterior was sampled at
+    (``samples["centre_log_n"]``, ``samples["centre_log_d"]``).
     """
-    names = tuple(family.theta_names)
-    draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed))
+    centre = DataCentre(*(float(np.asarray(samples.get(k, 0.0))) for k in ("centre_log_n", "centre_log_d")))
+    draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed), centre)
+    names = _prior_sites(family, centre)
     prior = np.stack([np.asarray(draws[n]).reshape(-1) for n in names], axis=1)
     post = np.stack([np.asarray(samples[n]).reshape(-1) for n in names], axis=1)
     contraction = 1.0 - post.var(0) / prior.var(0)
@@ -181,6 +206,13 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
                 flags.append(f"{names[i]} and {names[j]}: identified only together (posterior correlation "
                              f"{correlation[i, j]:+.3f})")
     return Identification(names, contraction, correlation, tuple(flags))
+
+
+def _prior_sites(family: LossLawFamily, centre: DataCentre) -> tuple[str, ...]:
+    """The sampled sites of a family's prior, in the order it samples them."""
+    with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
+        family.prior(centre)
+    return tuple(k for k, site in trace.items() if site["type"] == "sample")
 
 
 def sample_plane(
@@ -200,9 +232,10 @@ def sample_plane(
     target_accept: float | None = None,
     summarize: bool = True,
     progress: Callable[[str], None] | None = None,
+    retries: int = 0,
 ) -> PosteriorRun:
-    """NUTS posterior of an acceptance model (see :func:`plane_model_for`); ``summarize`` and
-    ``progress`` as in :func:`sample_loss_law`.
+    """NUTS posterior of an acceptance model (see :func:`plane_model_for`), every chain started
+    from the prior; ``summarize``, ``progress`` and ``retries`` as in :func:`sample_loss_law`.
 
     ``draft`` and ``target`` (an integer model per pair, e.g.
     :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
@@ -215,29 +248,19 @@ def sample_plane(
     """
     x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
-    # Start at the weighted least-squares fit on the link's scale (standardised coordinates), sigma at its residual.
-    u, v = (np.asarray(f) for f in model.features(x, y))
-    us, vs = (u - np.mean(u)) / (np.std(u) + 1e-12), (v - np.mean(v)) / (np.std(v) + 1e-12)
-    design = np.stack([us, vs, np.ones_like(us)], 1) * np.sqrt(np.asarray(w))[:, None]
-    eta = np.asarray(model.to_link(a))
-    coef, *_ = np.linalg.lstsq(design, eta * np.sqrt(np.asarray(w)), rcond=None)
-    resid = eta - np.stack([us, vs, np.ones_like(us)], 1) @ coef
-    sigma0 = np.sqrt(np.sum(np.asarray(w) * resid**2) / np.sum(np.asarray(w)))
-    centre = dict(slope_x=float(coef[0]), slope_y=float(coef[1]), centre=float(coef[2]),
-                  sigma=float(np.log(max(sigma0, 1e-4))))
     numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
-    var_names, dense = PLANE_SITES, False
-    if draft is not None:
-        var_names, dense = PLANE_SITES + MODEL_EFFECT_SITES, True
-        # The residual variance split evenly between pairs, drafts and targets; the z start at zero.
-        third = float(np.log(max(sigma0, 1e-4) / np.sqrt(3)))
-        centre.update(sigma=third, draft_sd=third, target_sd=third,
-                      draft_z=np.zeros(args[4].shape[0]), target_z=np.zeros(args[6].shape[0]))
-    return run_nuts(numpyro_model, (*args, a), init_params=jittered_starts(centre, num_chains, seed, 0.05),
-                     var_names=var_names, num_chains=num_chains, num_warmup=num_warmup,
-                     num_samples=num_samples, seed=seed, progress_bar=progress_bar,
-                     target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
-                     summarize=summarize, dense_mass=dense, progress=progress)
+    var_names, dense = (PLANE_SITES, False) if draft is None else (PLANE_SITES + MODEL_EFFECT_SITES, True)
+    args = (*args, a)
+
+    def attempt(warmup, draws, accept, attempt_seed):
+        return run_nuts(numpyro_model, args, init_params=prior_starts(numpyro_model, args, num_chains, attempt_seed),
+                        var_names=var_names, num_chains=num_chains, num_warmup=warmup, num_samples=draws,
+                        seed=attempt_seed, progress_bar=progress_bar, target_accept=accept, summarize=summarize,
+                        dense_mass=dense, progress=progress)
+
+    return rerun_until_checked(attempt, num_warmup=num_warmup, num_samples=num_samples,
+                               target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
+                               seed=seed, retries=retries, progress=progress)
 
 
 def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:

@@ -1,7 +1,7 @@
 """NUTS runs and their checks.
 
-Several chains (vectorised on one device, one per device when there are enough), started
-around a point in unconstrained space with per-chain jitter so that R-hat can see disagreement.
+Several chains (vectorised on one device, one per device when there are enough), each started
+from its own draw of the prior so that R-hat can see disagreement.
 A sampler is compiled once per model and data shapes and reused (calibration and closures fit
 the same model to many same-shaped datasets). Every run is checked (:func:`check_diagnostics`):
 split R-hat, bulk ESS, divergences and the share of draws at NUTS's maximum tree depth.
@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-import numpyro.distributions as dist
 import numpyro.util
+from numpyro.distributions.transforms import biject_to
 from numpyro.infer import MCMC, NUTS
+from numpyro.infer.util import log_density
 
 with warnings.catch_warnings():  # ArviZ announces its refactor on import; the one quiet import, used package-wide
     warnings.simplefilter("ignore", FutureWarning)
@@ -35,8 +36,7 @@ __all__ = [
     "compiled_loop_reuse",
     "clear_sampler_caches",
     "run_nuts",
-    "jittered_starts",
-    "unconstrained_centre",
+    "prior_starts",
 ]
 
 
@@ -47,7 +47,9 @@ class Diagnostics(NamedTuple):
     share of draws whose trajectory reached NUTS's maximum tree depth) describe the sampler's
     geometry (NUTS doubles a trajectory, so a draw takes 2^j - 1 steps): hundreds of steps
     per draw, or many draws at the cap, mean a badly scaled posterior that costs time; more than 1%
-    at the cap fails the checks. NaN where not recorded.
+    at the cap fails the checks. NaN where not recorded. ``attempts``: the runs made to get
+    these (more than one when earlier runs failed their checks and the sampler ran again,
+    :func:`sdsl_jax.infer.posterior.rerun_until_checked`).
     """
 
     max_rhat: float
@@ -58,6 +60,7 @@ class Diagnostics(NamedTuple):
     mean_steps: float = float("nan")
     max_tree_depth_share: float = float("nan")
     median_steps: float = float("nan")
+    attempts: int = 1
 
 
 class PosteriorRun(NamedTuple):
@@ -254,41 +257,39 @@ def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, 
     return pieces
 
 
-def jittered_starts(centre: dict[str, float], num_chains: int, seed: int, scale: float) -> dict[str, jax.Array]:
-    """Per-chain starting points in unconstrained space, spread around ``centre``."""
-    key = jax.random.PRNGKey(seed + 7919)
-    out = {}
-    for i, (name, value) in enumerate(centre.items()):
-        value = jnp.asarray(value, jnp.float64)  # a scalar, or one value per run
-        noise = scale * jax.random.normal(jax.random.fold_in(key, i), (num_chains, *value.shape))
-        out[name] = value + noise if num_chains > 1 else value + noise[0]
-    return out
+def prior_starts(model: Callable, model_args: tuple, num_chains: int, seed: int,
+                 max_tries: int = 100) -> dict[str, jax.Array]:
+    """One starting point per chain, each drawn from the prior (in NumPyro's unconstrained space).
 
-
-def unconstrained_centre(prior: Callable, values: dict[str, float]) -> dict[str, float]:
-    """Each prior site's value mapped to NumPyro's unconstrained space (log for positive sites).
-
-    A point fit can end on the boundary of a site's support (an exponent at 0, a coefficient
-    underflowing); such a value is moved just inside, so that the chains start finite. A point
-    fit can also send a log-coefficient to minus infinity (the ladder's irreducible loss E
-    underflows to 0 at the optimum); a real site is therefore started within 5 prior standard
-    deviations of its prior mean, where the prior's gradient does not overflow the first step.
+    Dispersed starts are what lets split R-hat see chains that settle in different places
+    (Vehtari et al. 2021); chains started together near one point, such as a point fit, agree
+    by construction and flatter R-hat. A draw whose log density is not finite is drawn again
+    (up to ``max_tries`` per chain). The model runs eagerly, once per draw: nothing is compiled.
     """
-    with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
-        prior()
-    out = {}
-    for name, value in values.items():
-        fn = trace[name]["fn"]
-        support = fn.support
-        if support is dist.constraints.real:
-            value = float(np.nan_to_num(float(value), nan=0.0))
-            try:
-                mean, sd = float(fn.mean), float(np.sqrt(fn.variance))
-            except (NotImplementedError, TypeError):
-                mean, sd = 0.0, np.inf
-            out[name] = float(np.clip(value, mean - 5 * sd, mean + 5 * sd)) if np.isfinite(sd) else value
-        elif support is dist.constraints.positive:
-            out[name] = float(np.log(max(float(value), 1e-8)))
+    key = jax.random.PRNGKey(seed + 7919)
+    starts = []
+    for chain in range(num_chains):
+        for attempt in range(max_tries):
+            start = _prior_draw(model, model_args, jax.random.fold_in(key, chain * max_tries + attempt))
+            if start is not None:
+                starts.append(start)
+                break
         else:
-            out[name] = float(np.clip(np.nan_to_num(float(dist.biject_to(support).inv(jnp.asarray(value)))), -30, 30))
-    return out
+            raise ValueError(f"no draw of the prior in {max_tries} has a finite log density on these data")
+    if num_chains == 1:
+        return starts[0]
+    return {name: jnp.stack([start[name] for start in starts]) for name in starts[0]}
+
+
+def _prior_draw(model: Callable, model_args: tuple, key: jax.Array) -> dict[str, jax.Array] | None:
+    """One prior draw of the latent sites in unconstrained space, None when the joint log density there
+    is not finite."""
+    with jax.numpy_dtype_promotion("standard"):
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(model, key)).get_trace(*model_args)
+        latent = {name: site for name, site in trace.items()
+                  if site["type"] == "sample" and not site["is_observed"]}
+        values = {name: site["value"] for name, site in latent.items()}
+        log_joint, _ = log_density(model, model_args, {}, values)
+    if not np.isfinite(float(log_joint)):
+        return None
+    return {name: biject_to(site["fn"].support).inv(site["value"]) for name, site in latent.items()}

@@ -76,7 +76,7 @@ class FormFit(NamedTuple):
 
 
 def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, warmup: int, draws: int,
-              propagate: int, seed: int, mean_only: bool = False, stages: Stages | None = None,
+              propagate: int, seed: int, mean_only: bool = False, reruns: int = 0, stages: Stages | None = None,
               log=print) -> tuple[list[FormFit], dict]:
     """Every (loss law, acceptance model) form fitted to ``runs``/``pairs`` and weighted by stacking.
 
@@ -88,7 +88,8 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     forms without it. A law the data cannot identify is skipped. With ``stages`` each point fit and
     posterior is kept when it ends and reused on ``--resume``. Returns the forms, highest
     weight first, and a summary (weights and PSIS-LOO per law and per acceptance model, the forms'
-    weights, laws skipped, each posterior's diagnostics).
+    weights, laws skipped, the forms given no weight because their posterior failed its checks,
+    each posterior's diagnostics).
     """
     from sdsl_jax import compare, pipeline, predict
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
@@ -111,7 +112,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                            weights=pairs.regression_weights(), model=model)
                 point = base._replace(plane=type(fit.plane)(*(float(v) for v in fit.plane)), acceptance_model=model,
                                       plane_r_squared=float(fit.r_squared))
-            post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup,
+            post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup, retries=reruns,
                                              num_samples=draws, seed=seed, plane_seed=seed,
                                              law_run=law_runs.get(family.name), plane_run=plane_runs.get(model.name),
                                              stages=stores[model.name])
@@ -145,6 +146,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
                                               pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
                    forms={form.name: form.weight for form in forms},
+                   failed_checks=[*law_w.failed, *acc_w.failed],
                    diagnostics={name: run.diagnostics._asdict() for name, run in {**law_runs, **plane_runs}.items()})
     return forms, summary
 
@@ -205,7 +207,7 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
 
 
 def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, warmup: int, draws: int,
-                 propagate: int, seed: int, stages: Stages | None = None) -> tuple[tuple, dict]:
+                 propagate: int, seed: int, reruns: int = 0, stages: Stages | None = None) -> tuple[tuple, dict]:
     """One data set fitted (point fit, then posteriors, kept in ``stages``): ``(point, paired draws,
     predictive scales, (runs, pairs))`` and its summary (each posterior's diagnostics). ``pairs``
     None: the paper's plane, held fixed."""
@@ -215,7 +217,7 @@ def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, 
     store = None if stages is None else stages.store(runs, pairs, family, model)
     point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts, stages=store)
     post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup, num_samples=draws,
-                                     seed=seed, plane_seed=seed, stages=store)
+                                     seed=seed, plane_seed=seed, retries=reruns, stages=store)
     summary = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
                                 for k, v in post.diagnostics.items()})
     return (point, predict.paired_draws(post, count=propagate, seed=seed),
@@ -224,7 +226,7 @@ def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, 
 
 
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
-                        draws: int, propagate: int, seed: int, stack: tuple | None = None,
+                        draws: int, propagate: int, seed: int, stack: tuple | None = None, reruns: int = 0,
                         stages: Stages | None = None, summaries: dict | None = None,
                         log=print) -> dict[float, tuple | list[FormFit]]:
     """For each draft size, the law and the acceptance model fitted WITHOUT that size's models.
@@ -247,15 +249,15 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
         if stack is not None:
             out[float(size)], weights = fit_forms(train, kept, families=stack[0], models=stack[1],
                                                   starts_every=starts_every, chains=chains, warmup=warmup,
-                                                  draws=draws, propagate=propagate, seed=seed, stages=stages,
-                                                  log=log)
+                                                  draws=draws, propagate=propagate, seed=seed, reruns=reruns,
+                                                  stages=stages, log=log)
             log("  weights: " + ", ".join(f"{name} {w:.2f}" for name, w in weights["forms"].items()))
             if summaries is not None:
                 summaries[float(size)] = weights
             continue
         out[float(size)], summary = fit_data_set(train, kept, family=family, model=model, starts_every=starts_every,
                                                  chains=chains, warmup=warmup, draws=draws, propagate=propagate,
-                                                 seed=seed, stages=stages)
+                                                 seed=seed, reruns=reruns, stages=stages)
         if summaries is not None:
             summaries[float(size)] = summary
     return out
@@ -308,8 +310,8 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
 
 
 def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, starts_every: int, chains: int,
-                 warmup: int, draws: int, propagate: int, seed: int, stages: Stages | None = None,
-                 summaries: dict | None = None, log=print) -> dict[str, tuple | str]:
+                 warmup: int, draws: int, propagate: int, seed: int, reruns: int = 0,
+                 stages: Stages | None = None, summaries: dict | None = None, log=print) -> dict[str, tuple | str]:
     """For each target, one fit of what a lab would have before pairing it: every pre-training run of
     the target and of smaller models, and the acceptance pairs whose target is smaller.
 
@@ -339,7 +341,7 @@ def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, start
             continue
         out[name], summary = fit_data_set(train, kept, family=family, model=model, starts_every=starts_every,
                                           chains=chains, warmup=warmup, draws=draws, propagate=propagate, seed=seed,
-                                          stages=stages)
+                                          reruns=reruns, stages=stages)
         if summaries is not None:
             summaries[name] = summary
     return out
@@ -386,7 +388,8 @@ class InSampleFit(NamedTuple):
 class ClosureSettings(NamedTuple):
     """How the closure fits: the lead loss law and acceptance model (names), every ``starts_every``-th
     multi-start point, NUTS chains x (warmup + draws), draws propagated per form, the seed, bands of
-    the law's mean only (``mean_only``), and whether to sample posteriors at all."""
+    the law's mean only (``mean_only``), whether to sample posteriors at all, and how many times a
+    posterior that fails its checks is run again (``reruns``, :func:`sdsl_jax.pipeline.sample_posterior`)."""
 
     law: str = "chinchilla"
     acceptance_model: str = "plane"
@@ -398,6 +401,7 @@ class ClosureSettings(NamedTuple):
     seed: int = 0
     mean_only: bool = False
     posterior: bool = True
+    reruns: int = 0
 
 
 def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages: Stages | None = None,
@@ -413,7 +417,7 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
         forms, stacking = fit_forms(runs, pairs, families=stack[0], models=stack[1], starts_every=settings.starts_every,
                                     chains=settings.chains, warmup=settings.warmup, draws=settings.draws,
                                     propagate=settings.propagate, seed=settings.seed, mean_only=settings.mean_only,
-                                    stages=stages, log=log)
+                                    reruns=settings.reruns, stages=stages, log=log)
         log("stacking: weights " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items()))
         log_point(forms[0].point, len(pairs), log)
         return InSampleFit(forms[0].point, forms, stacking, forms[0].draws, forms[0].scales, stacking["diagnostics"])
@@ -425,7 +429,8 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
         return InSampleFit(point, None, None, None, None, {})
     # One seed for both posteriors: what the committed closure used.
     post = pipeline.sample_posterior(runs, pairs, point, num_chains=settings.chains, num_warmup=settings.warmup,
-                                     num_samples=settings.draws, seed=settings.seed, plane_seed=settings.seed, stages=store)
+                                     num_samples=settings.draws, seed=settings.seed, plane_seed=settings.seed,
+                                     retries=settings.reruns, stages=store)
     log(f"posteriors: loss law R-hat {post.diagnostics.loss_law.max_rhat:.3f}, acceptance R-hat "
         f"{post.diagnostics.plane.max_rhat:.3f}")
     scales = None if settings.mean_only else predict.predictive_scales(post, count=settings.propagate, seed=settings.seed,
@@ -447,7 +452,7 @@ def prospective(records, speculative, runs, pairs, fit: InSampleFit, settings: C
         fits = leave_size_out_fits(runs, pairs, sizes, family=fit.point.family, model=fit.point.acceptance_model,
                                    starts_every=settings.starts_every, chains=settings.chains, warmup=settings.warmup,
                                    draws=settings.draws, propagate=settings.propagate, seed=settings.seed, stack=stack,
-                                   stages=stages, summaries=refits, log=log)
+                                   reruns=settings.reruns, stages=stages, summaries=refits, log=log)
     except DataError as err:  # too few sizes: without one of them the rest cannot identify the law
         skipped = f"without one draft size the data cannot identify the models: {err.problem}"
         log(f"prospective: skipped ({skipped})")

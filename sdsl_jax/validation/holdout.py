@@ -44,7 +44,7 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     log_d = (np.log(train.n_params), np.log(train.n_tokens), np.log(train.loss))
     starts = family.starts(*log_d)[::starts_every]
     point = fit_loss_law(train.n_params, train.n_tokens, train.loss, family=family, starts=starts)
-    post = infer.sample_loss_law(train.n_params, train.n_tokens, train.loss, init=point.law, family=family,
+    post = infer.sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
                                  num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
                                  run=train.run_index()[0] if run_effects else None, progress_bar=False,
                                  summarize=False)
