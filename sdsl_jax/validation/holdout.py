@@ -36,7 +36,8 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
 
     With ``run_effects`` the hierarchical posterior (:func:`sdsl_jax.infer.models.run_effects_model_for`):
     the held-out runs are one NEW run, so each draw gives them one shared intercept and slope in
-    log D (Monte Carlo over the draws) on top of their Student-t residuals.
+    log D (Monte Carlo over the draws) on top of their Student-t residuals. ``checks_passed``: whether
+    the fold's posterior passed its checks (a law with a failed fold gets no stacking weight).
     """
     from sdsl_jax import infer, fit_loss_law
 
@@ -46,8 +47,7 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     point = fit_loss_law(train.n_params, train.n_tokens, train.loss, family=family, starts=starts)
     post = infer.sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
                                  num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
-                                 run=train.run_index()[0] if run_effects else None, progress_bar=False,
-                                 summarize=False)
+                                 run=train.run_index()[0] if run_effects else None, progress_bar=False)
     theta = np.stack([np.asarray(post.samples[n]).reshape(-1) for n in family.theta_names], axis=1)
     sigma, nu = (np.asarray(post.samples[k]).reshape(-1) for k in ("sigma", "nu"))
     import jax
@@ -64,7 +64,7 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     lo_mean, hi_mean = np.quantile(law_mean, [0.05, 0.95], axis=0)  # the law's mean curve alone
     point_pred = np.asarray(family.log_prediction(point.theta, np.log(test.n_params), np.log(test.n_tokens)))
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
-                error=point_pred - y)
+                error=point_pred - y, checks_passed=bool(post.diagnostics.ok))
 
 
 def _posterior_effects(samples: dict, role: str, train_labels, test_labels, rng) -> np.ndarray:
@@ -163,10 +163,13 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, d
         if folds is None:
             continue
         record["laws"][name] = _summary(folds, sizes)
+        record["laws"][name]["failed_checks"] = [f"{s:.6g}" for s in sizes if not folds[s]["checks_passed"]]
         pointwise[name] = np.concatenate([folds[s]["log_density"] for s in sizes])
     if len(pointwise) > 1:
-        weights = grouped_stacking_weights(pointwise, groups="model sizes")
+        failed = [name for name in pointwise if record["laws"][name]["failed_checks"]]
+        weights = grouped_stacking_weights(pointwise, groups="model sizes", failed=failed)
         record["stacking_weights"] = dict(zip(weights.names, map(float, weights.weights)))
+        record["stacking_method"] = weights.method
         record["stacked_log_predictive_density"] = mixture_log_density(np.stack(list(pointwise.values())),
                                                                        weights.weights)
     if pairs is not None:
@@ -195,6 +198,10 @@ def holdout_markdown(record: dict) -> str:
         lines.append(f"| {name} | {r['coverage_90']:.2f} ({r['coverage_90_mean_only']:.2f}) of {r['held_out_points']} | "
                      f"{r['log_predictive_density']:.1f} | {r['forward_extrapolation']['rmse']:.3f} | "
                      f"{weights.get(name, float('nan')):.2f} |")
+    failed = {name: r["failed_checks"] for name, r in record["laws"].items() if r.get("failed_checks")}
+    if failed:
+        lines.append("\nPosteriors that failed their checks (sizes held out; a law with one gets no stacking weight): "
+                     + "; ".join(f"{name}: {', '.join(sizes)}" for name, sizes in failed.items()) + ".")
     if "stacked_log_predictive_density" in record:
         lines.append(f"\nStacked mixture: grouped LOSO log density {record['stacked_log_predictive_density']:.1f}.")
     if record["acceptance_models"]:
