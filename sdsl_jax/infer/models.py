@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Callable
 
 import jax
@@ -30,8 +29,6 @@ from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 from sdsl_jax.normal import log_unit_interval_mass, truncated_normal_quantile
 
-with warnings.catch_warnings():  # ArviZ announces its refactor on import
-    warnings.simplefilter("ignore", FutureWarning)
 
 __all__ = [
     "LOSS_LAW_SITES",

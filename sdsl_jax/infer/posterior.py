@@ -10,7 +10,6 @@ of shape ``(draws,)``); the pointwise log-likelihoods feed model comparison
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -27,12 +26,11 @@ from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
 
-with warnings.catch_warnings():  # ArviZ announces its refactor on import
-    warnings.simplefilter("ignore", FutureWarning)
 
 __all__ = [
     "sample_loss_law",
     "rerun_until_checked",
+    "DATA_CENTRE_KEYS",
     "pointwise_log_likelihood",
     "Identification",
     "identification",
@@ -50,6 +48,10 @@ def _group_index(index: ArrayLike, shape: tuple, message: str) -> np.ndarray:
     if index.shape != shape or not np.issubdtype(index.dtype, np.integer) or index.min(initial=0) < 0:
         raise ValueError(message)
     return index
+
+
+DATA_CENTRE_KEYS = ("centre_log_n", "centre_log_d")
+"""The entries of a loss-law posterior's samples that hold the data's centre (not sites)."""
 
 
 def sample_loss_law(
@@ -101,18 +103,27 @@ def sample_loss_law(
     model, args = _loss_law_model(family, log_n, log_d, run)
     args = (*args, log_loss)
 
+    out = _sample_checked(model, args, var_names=loss_law_sites(family, run_effects=run is not None),
+                          dense_mass=dense_mass, target_accept=target_accept, num_chains=num_chains,
+                          num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
+                          progress_bar=progress_bar, summarize=summarize, progress=progress)
+    out.samples.update(zip(DATA_CENTRE_KEYS, (np.asarray(float(c)) for c in DataCentre.of(log_n, log_d))))
+    return out
+
+
+def _sample_checked(model: Callable, args: tuple, *, var_names, dense_mass: bool, target_accept: float,
+                    num_chains: int, num_warmup: int, num_samples: int, seed: int, retries: int,
+                    progress_bar: bool, summarize: bool, progress) -> PosteriorRun:
+    """NUTS on ``model(*args)`` from prior starts, rerun while its checks fail (:func:`rerun_until_checked`)."""
+
     def attempt(warmup, draws, accept, attempt_seed):
         return run_nuts(model, args, init_params=prior_starts(model, args, num_chains, attempt_seed),
-                        var_names=loss_law_sites(family, run_effects=run is not None),
-                        num_chains=num_chains, num_warmup=warmup, num_samples=draws, seed=attempt_seed,
-                        progress_bar=progress_bar, target_accept=accept, summarize=summarize,
-                        progress=progress, dense_mass=dense_mass)
+                        var_names=var_names, num_chains=num_chains, num_warmup=warmup, num_samples=draws,
+                        seed=attempt_seed, progress_bar=progress_bar, target_accept=accept, summarize=summarize,
+                        dense_mass=dense_mass, progress=progress)
 
-    out = rerun_until_checked(attempt, num_warmup=num_warmup, num_samples=num_samples, target_accept=target_accept,
-                              seed=seed, retries=retries, progress=progress)
-    centre = DataCentre.of(log_n, log_d)
-    out.samples.update(centre_log_n=np.asarray(float(centre.log_n)), centre_log_d=np.asarray(float(centre.log_d)))
-    return out
+    return rerun_until_checked(attempt, num_warmup=num_warmup, num_samples=num_samples, target_accept=target_accept,
+                               seed=seed, retries=retries, progress=progress)
 
 
 def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun], *, num_warmup: int,
@@ -129,7 +140,7 @@ def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun],
         if out.diagnostics is None or out.diagnostics.ok:
             break
         num_warmup, num_samples = 2 * num_warmup, 2 * num_samples
-        target_accept = max(target_accept, 1.0 - (1.0 - target_accept) / 2)
+        target_accept = 1.0 - (1.0 - target_accept) / 2
         if progress is not None:
             progress(f"failed its checks ({'; '.join(out.diagnostics.problems)}): run again from new starts, "
                      f"{num_warmup} warm-up + {num_samples} draws per chain, target acceptance {target_accept:.3f}")
@@ -156,7 +167,7 @@ def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFami
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
     model, args = _loss_law_model(family, log_n, log_d, run)
     sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items()
-             if k not in ("centre_log_n", "centre_log_d")}
+             if k not in DATA_CENTRE_KEYS}
     with jax.numpy_dtype_promotion("standard"):
         ll = numpyro.infer.log_likelihood(model, sites, *args, log_loss=log_loss)["log_loss"]
     return np.asarray(ll)
@@ -191,7 +202,7 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
     than its coefficient at ``N = 1``), at the centre the posterior was sampled at
     (``samples["centre_log_n"]``, ``samples["centre_log_d"]``).
     """
-    centre = DataCentre(*(float(np.asarray(samples.get(k, 0.0))) for k in ("centre_log_n", "centre_log_d")))
+    centre = DataCentre(*(float(np.asarray(samples.get(k, 0.0))) for k in DATA_CENTRE_KEYS))
     draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed), centre)
     names = _prior_sites(family, centre)
     prior = np.stack([np.asarray(draws[n]).reshape(-1) for n in names], axis=1)
@@ -250,17 +261,10 @@ def sample_plane(
     w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
     numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
     var_names, dense = (PLANE_SITES, False) if draft is None else (PLANE_SITES + MODEL_EFFECT_SITES, True)
-    args = (*args, a)
-
-    def attempt(warmup, draws, accept, attempt_seed):
-        return run_nuts(numpyro_model, args, init_params=prior_starts(numpyro_model, args, num_chains, attempt_seed),
-                        var_names=var_names, num_chains=num_chains, num_warmup=warmup, num_samples=draws,
-                        seed=attempt_seed, progress_bar=progress_bar, target_accept=accept, summarize=summarize,
-                        dense_mass=dense, progress=progress)
-
-    return rerun_until_checked(attempt, num_warmup=num_warmup, num_samples=num_samples,
-                               target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
-                               seed=seed, retries=retries, progress=progress)
+    return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
+                           target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
+                           num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
+                           retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress)
 
 
 def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:
