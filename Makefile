@@ -51,8 +51,9 @@ notebooks: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m experiments.ladder --preset real
 	$(PY) -m experiments.measure --preset real --out fits/ladder
-	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --resume
-	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --stack --out fits/ladder/closure_stacked --resume
+	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --prior-sensitivity --resume
+	$(PY) -m experiments.closure --data fits/ladder --posterior --prospective --forward --prior-sensitivity --stack \
+		--out fits/ladder/closure_stacked --resume
 
 ladder-factorial: $(STAMP)
 	$(PY) -m experiments.ladder --preset factorial

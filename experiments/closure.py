@@ -29,6 +29,10 @@ from one fit of the pre-training runs of the target and of smaller models and of
 pairs whose target is smaller (the paper's plane where those pairs cannot identify the acceptance
 model yet); its P(best), Bayes decision and regret are scored beside the baselines.
 
+With ``--prior-sensitivity`` the in-sample fit is made again with every prior twice as wide
+(:func:`sdsl_jax.infer.models.widened_priors`), and the report says how far P(best) and the Bayes
+decision moved.
+
 Every forecast (in sample, prospective, forward) is scored by log score, Brier and regret beside
 forecasts made without a fit (uniform, the smallest draft, the previous target's best, a fixed M/N
 ratio), with the skill over the best of them and its interval over resampled targets.
@@ -49,8 +53,9 @@ from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.validation.closure import close_loop, closure_scores, failed_diagnostics, measured_perplexities
 from sdsl_jax.validation.closure_report import closure_markdown, figure
-from sdsl_jax.validation.forms import (ClosureSettings, Stages, add_forward, fit_in_sample, forward_fits, prospective,
-                                       stack_records)
+from sdsl_jax.validation.closure_fits import (ClosureSettings, add_forward, fit_in_sample, forward_fits,
+                                              prior_sensitivity, prospective)
+from sdsl_jax.validation.forms import Stages, stack_records
 
 
 def parse_args(argv):
@@ -83,10 +88,14 @@ def parse_args(argv):
                    "plane's coefficients only, without the residual scatter of new models")
     p.add_argument("--forward", action="store_true",
                    help="with --posterior: also predict each target from one fit of what came before it (the runs "
-                        "of it and of smaller models, the pairs of smaller targets): the forward-chaining score")
+                        "of it and of smaller models, the pairs of smaller targets): the forward-chaining score; with "
+                        "--stack every form is fitted and weighted again from those data alone")
     p.add_argument("--prospective", action="store_true",
                    help="with --posterior: also predict each draft with its own size left out of both fits (one "
                         "refit per draft size), scored like the in-sample P(best)")
+    p.add_argument("--prior-sensitivity", nargs="?", type=float, const=2.0, default=None, metavar="WIDTH",
+                   help="with --posterior: fit in sample again with every prior WIDTH (2) times as wide and report how "
+                        "P(best) and the Bayes decision move")
     p.add_argument("--resume", action="store_true",
                    help="with --posterior: reuse the point fits and posteriors an interrupted run with the same data "
                         "and settings kept in <out>/stages/ (every finished fit is kept there)")
@@ -129,8 +138,11 @@ def validate_args(args) -> None:
         stacked_forms(args)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if args.forward and not args.posterior:
-        raise UsageError("--forward compares posterior forecasts: add --posterior")
+    for flag, given in (("--forward", args.forward), ("--prior-sensitivity", args.prior_sensitivity is not None)):
+        if given and not args.posterior:
+            raise UsageError(f"{flag} compares posterior forecasts: add --posterior")
+    if args.prior_sensitivity is not None and not args.prior_sensitivity > 0:
+        raise UsageError(f"--prior-sensitivity WIDTH must be a positive number, got {args.prior_sensitivity}")
 
 
 def check_named_models(speculative, pairs) -> None:
@@ -167,6 +179,10 @@ def _close(args, argv) -> int:
                          perplexities=measured_perplexities(pairs), seed=args.seed, runs=runs, pairs=pairs)
     if fit.forms is not None:
         stack_records(records, fit.forms, seed=args.seed)
+    sensitivity = None
+    if args.prior_sensitivity is not None:
+        sensitivity = prior_sensitivity(records, speculative, runs, pairs, settings, width=args.prior_sensitivity,
+                                        stack=stack, stages=stages, log=log)
     prospective_skipped = prospective_weights = None
     if args.prospective:
         prospective_skipped, prospective_weights = prospective(records, speculative, runs, pairs, fit, settings,
@@ -177,14 +193,14 @@ def _close(args, argv) -> int:
         targets = {r["target"]: r["m_target"] for r in records}
         fits = forward_fits(runs, pairs, targets, family=fit.point.family, model=fit.point.acceptance_model,
                             starts_every=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
-                            propagate=args.propagate, seed=args.seed, reruns=args.reruns, stages=stages,
-                            summaries=forward_fits_record, log=log)
+                            propagate=args.propagate, seed=args.seed, stack=stack, reruns=args.reruns,
+                            stages=stages, summaries=forward_fits_record, log=log)
         add_forward(records, fits, seed=args.seed)
     scores = closure_scores(records)
     failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking, forward_fits_record)
     if failed:
         log(f"diagnostics: {len(failed)} posterior(s) failed their checks (listed in closure.md)")
-    table = closure_markdown(records, scores, fit, failed, propagate=args.propagate)
+    table = closure_markdown(records, scores, fit, failed, propagate=args.propagate, sensitivity=sensitivity)
     print(table)
     write_text(os.path.join(out, "closure.md"), table)
     point = fit.point
@@ -193,6 +209,7 @@ def _close(args, argv) -> int:
         data={k: dict(path=v, sha256=t.sha256) for (k, v), t in zip(paths.items(), (runs, pairs, speculative))},
         law_family=point.family.name, acceptance_model=point.acceptance_model.name, stacking=fit.stacking,
         prospective_fits=prospective_weights, forward_fits=forward_fits_record, failed_diagnostics=failed,
+        prior_sensitivity=sensitivity,
         loss_law={k: float(v) for k, v in point.law._asdict().items()},
         plane={k: float(v) for k, v in point.plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=fit.diagnostics, forecast_scores=scores if fit.draws is not None else None,

@@ -133,6 +133,7 @@ def sample_posterior(
     plane_run: PosteriorRun | None = None,
     law_run: PosteriorRun | None = None,
     retries: int = 0,
+    prior_width: float = 1.0,
     progress_bar: bool = False,
     stages: StageStore | None = None,
     log: Log = _quiet,
@@ -150,12 +151,13 @@ def sample_posterior(
     sampling one (it does not depend on the loss law: forms compared side by side share it);
     ``law_run`` likewise a loss-law posterior of the same data and family (acceptance models
     compared side by side share it). ``retries``: a run that fails its checks is run again, at
-    most this many times, longer (:func:`sdsl_jax.infer.posterior.rerun_until_checked`). With ``stages``, each finished run
+    most this many times, longer (:func:`sdsl_jax.infer.posterior.rerun_until_checked`). ``prior_width``: every prior
+    that many times as wide (:func:`sdsl_jax.infer.models.widened_priors`). With ``stages``, each finished run
     is kept (and its netCDF written beside the stages) and reused on ``--resume``.
     """
     plane_seed = seed + 1 if plane_seed is None else plane_seed
     kw = dict(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress_bar,
-              retries=retries)
+              retries=retries, prior_width=prior_width)
     if law_run is None:
         law_run = _law_posterior(runs, point, run_effects=run_effects, seed=seed, stages=stages, log=log, **kw)
     laws = laws_from_posterior(law_run.samples, point.family)

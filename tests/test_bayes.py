@@ -64,6 +64,46 @@ def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
     assert np.ndim(prior_starts(loss_law_model, args, 1, seed=0)["a_ref"]) == 0  # one chain: unbatched
 
 
+def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone():
+    import jax.numpy as jnp
+    import numpyro.distributions as dist
+    from numpyro import handlers
+
+    from sdsl_jax.infer import loss_law_model, run_effects_model_for, widened_priors
+    from sdsl_jax.loss_laws import CHINCHILLA
+
+    n, d = np.repeat([1e8, 3e8, 1e9], 2), np.tile([1e9, 1e10], 3)
+    args = (jnp.log(jnp.asarray(n)), jnp.log(jnp.asarray(d)), jnp.zeros(6, jnp.int32),
+            jnp.zeros(1))
+
+    def sites(model):
+        trace = handlers.trace(handlers.seed(model, 0)).get_trace(*args, jnp.log(jnp.asarray(HOFFMANN2022.loss(n, d))))
+        return {k: v["fn"] for k, v in trace.items() if v["type"] == "sample"}, trace["sigma"]["value"]
+
+    model = run_effects_model_for(CHINCHILLA)
+    (plain, _), (wide, wide_sigma) = sites(model), sites(widened_priors(model, 2.0))
+    assert plain.keys() == wide.keys()
+    for name in ("a_ref", "b_ref", "e", "alpha", "beta", "sigma", "run_sd"):
+        assert float(wide[name].scale) == pytest.approx(2 * float(plain[name].scale)), name
+    assert float(wide["e"].loc) == float(plain["e"].loc) and float(wide["alpha"].loc) == float(plain["alpha"].loc)
+    # nu - 1 ~ Gamma: the mean kept, the sd doubled.
+    assert float(wide["nu_excess"].mean) == pytest.approx(float(plain["nu_excess"].mean))
+    assert float(wide["nu_excess"].variance) == pytest.approx(4 * float(plain["nu_excess"].variance))
+    # Per-run effects (standard units, inside a plate) and the likelihood are untouched.
+    assert wide["run_z"] is not None and float(wide["run_z"].variance.max()) == 1.0
+    np.testing.assert_allclose(wide["log_loss"].scale, wide_sigma)
+    assert widened_priors(model, 2.0) is widened_priors(model, 2.0) and widened_priors(model, 1.0) is model
+
+    def odd_prior():
+        import numpyro
+        numpyro.sample("u", dist.Uniform(0.0, 1.0))
+
+    with pytest.raises(ValueError, match="site 'u': cannot widen a Uniform"):
+        handlers.trace(handlers.seed(widened_priors(odd_prior, 2.0), 0)).get_trace()
+    with pytest.raises(ValueError, match="must be positive"):
+        widened_priors(loss_law_model, 0.0)
+
+
 def test_a_run_that_fails_its_checks_runs_again_longer_from_new_starts():
     from sdsl_jax.infer import Diagnostics, PosteriorRun, rerun_until_checked
 

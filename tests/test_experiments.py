@@ -23,6 +23,7 @@ from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.lm import ladder as rungs
 from sdsl_jax.lm.model import TransformerConfig
 from sdsl_jax.validation import closure as closing
+from sdsl_jax.validation import closure_fits
 from sdsl_jax.validation import forms as form_fits
 
 PRESET = rungs.PRESETS["micro"]
@@ -222,7 +223,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     _, measure_dir = micro_ladder
     fitted = []
     fit_forms = form_fits.fit_forms
-    monkeypatch.setattr(form_fits, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
+    monkeypatch.setattr(closure_fits, "fit_forms", lambda *a, **k: fitted.append(fit_forms(*a, **k)) or fitted[-1])
     assert closure.main(["--data", str(measure_dir), "--starts", "20", "--out", str(tmp_path), "--quiet",
                          "--posterior", "--prospective", "--stack", "plane,log-plane", "--chains", "1", "--reruns", "0",
                          "--warmup", "40", "--draws", "40", "--propagate", "40", "--no-figure", "--forward"]) == 0
@@ -232,6 +233,10 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     first, last = (by_target[t] for t in sorted(by_target, key=lambda t: by_target[t]["m_target"])[::len(by_target) - 1])
     assert "cannot identify" in first["forward_skipped"]
     assert np.isclose(sum(last["forward_p_best"]), 1.0) and last["forward_bayes_decision"] in last["drafts"]
+    # With --stack the forward fit stacks the forms again from its own data (the pairs of smaller
+    # targets are too few here for an acceptance model: the paper's plane, with the laws stacked).
+    assert last["forward_lead_form"] == "chinchilla + plane"
+    assert result["forward_fits"][last["target"]]["forms"] == {"chinchilla + plane": 1.0}
     assert result["forecast_scores"]["forward"]["targets_scored"] == [last["target"]]
     assert "Forward chaining" in (tmp_path / "closure.md").read_text()
     assert {"predictive", "mean_only"} <= result["forecast_scores"].keys()
@@ -280,7 +285,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
     records = closing.close_loop(spec, forms[0].point, draws=forms[0].draws, scales=forms[0].scales, runs=runs,
                                  pairs=pairs)
     form_fits.stack_records(records, forms)
-    form_fits.add_prospective(records, {float(v): forms for v in spec.n_draft})
+    closure_fits.add_prospective(records, {float(v): forms for v in spec.n_draft})
     for rec in records:
         assert rec["prospective_bayes_decision"] == rec["bayes_decision"]  # one decision rule on the same draws
         np.testing.assert_allclose(rec["prospective_p_best"], rec["p_best"])
@@ -288,7 +293,9 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
 
 
 @pytest.mark.parametrize("args, fragment", [(["--stack"], "add --posterior"),
-                                            (["--posterior", "--stack", "chinchilla,plane,cubic"], "unknown form(s) cubic")])
+                                            (["--posterior", "--stack", "chinchilla,plane,cubic"], "unknown form(s) cubic"),
+                                            (["--prior-sensitivity"], "--prior-sensitivity compares posterior"),
+                                            (["--posterior", "--prior-sensitivity", "0"], "must be a positive number")])
 def test_closure_stack_arguments_exit_2(args, fragment, tmp_path, capsys):
     data = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
     assert closure.main(["--data", data, "--out", str(tmp_path), "--quiet", *args]) == 2

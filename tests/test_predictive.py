@@ -121,7 +121,7 @@ def _records():
 
 
 def test_prospective_ranking_with_one_shared_fit_is_the_in_sample_ranking():
-    from sdsl_jax.validation.forms import add_prospective
+    from sdsl_jax.validation.closure_fits import add_prospective
 
     draws = _draws(500)
     scales = predict.PredictiveScales(np.full(500, 0.03), np.full(500, 8.0), np.full(500, 0.01))
@@ -137,7 +137,7 @@ def test_prospective_ranking_with_one_shared_fit_is_the_in_sample_ranking():
 
 
 def test_prospective_ranking_takes_each_candidate_from_the_fit_that_left_it_out():
-    from sdsl_jax.validation.forms import add_prospective
+    from sdsl_jax.validation.closure_fits import add_prospective
 
     draws = _draws(300)
     # The fit without "b" believes in a plane where acceptance is 0.2 lower: "b" can no longer win.

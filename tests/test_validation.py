@@ -36,3 +36,31 @@ def test_baselines_see_only_earlier_targets_and_the_skill_is_the_log_score_diffe
 def test_baseline_scores_need_every_target_forecast():
     records = [_record("A", 1e4, [1e2, 1e3], [1.0, 2.0], [0.2, 0.8])]
     assert baseline_scores(records, "prospective_p_best") is None
+
+
+def test_prior_sensitivity_reports_how_far_p_best_and_the_decision_move(monkeypatch):
+    """The wide-prior fit's P(best) beside the in-sample one, per target; the fit it makes is the
+    in-sample fit with every prior widened (the fit and its records stubbed: the bookkeeping alone)."""
+    from sdsl_jax.validation import closure_fits
+
+    asked = []
+
+    def fake_fit(runs, pairs, settings, **kw):
+        asked.append(settings.prior_width)
+        return closure_fits.InSampleFit(None, None, None, "draws", None, {"chinchilla": dict(ok=False),
+                                                                          "plane": dict(ok=True)})
+
+    wide = [dict(target="A", p_best=[0.3, 0.7], bayes_decision="d1000"),
+            dict(target="B", p_best=[0.5, 0.45, 0.05], bayes_decision="d100")]
+    monkeypatch.setattr(closure_fits, "fit_in_sample", fake_fit)
+    monkeypatch.setattr(closure_fits, "close_loop", lambda *a, **k: [dict(r) for r in wide])
+    monkeypatch.setattr(closure_fits, "measured_perplexities", lambda pairs: {})
+    records = [dict(target="A", p_best=[0.2, 0.8], bayes_decision="d1000"),
+               dict(target="B", p_best=[0.1, 0.6, 0.3], bayes_decision="d1000")]
+    out = closure_fits.prior_sensitivity(records, None, None, None, closure_fits.ClosureSettings(), width=3.0,
+                                         log=lambda _: None)
+    assert asked == [3.0]
+    assert out["max_abs_change_p_best_per_target"] == pytest.approx({"A": 0.1, "B": 0.4})
+    assert out["max_abs_change_p_best"] == pytest.approx(0.4)
+    assert out["bayes_decisions_changed"] == ["B"] and out["failed_checks"] == ["chinchilla"]
+    assert records[1]["p_best_wide_priors"] == [0.5, 0.45, 0.05] and records[1]["bayes_decision_wide_priors"] == "d100"

@@ -47,6 +47,7 @@ __all__ = [
     "MODEL_EFFECT_SITES",
     "model_effects_plane_model_for",
     "plane_model",
+    "widened_priors",
 ]
 
 
@@ -316,3 +317,50 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
 
 plane_model = plane_model_for(PLANE)
 """The paper's plane on raw perplexities; see :func:`plane_model_for`."""
+
+
+def _widened(fn: dist.Distribution, factor: float, site: str) -> dist.Distribution:
+    """``fn`` with its spread multiplied by ``factor`` and its location kept."""
+    if isinstance(fn, dist.ExpandedDistribution):
+        return _widened(fn.base_dist, factor, site).expand(fn.batch_shape)
+    if isinstance(fn, dist.Independent):
+        return _widened(fn.base_dist, factor, site).to_event(fn.reinterpreted_batch_ndims)
+    if isinstance(fn, (dist.Normal, dist.LogNormal)):  # LogNormal: twice as wide in log space
+        return type(fn)(fn.loc, factor * fn.scale)
+    if isinstance(fn, dist.HalfNormal):
+        return dist.HalfNormal(factor * fn.scale)
+    if isinstance(fn, dist.Gamma):  # mean c / r kept, sd sqrt(c) / r times factor
+        return dist.Gamma(fn.concentration / factor**2, fn.rate / factor**2)
+    raise ValueError(f"prior of site {site!r}: cannot widen a {type(fn).__name__} (Normal, LogNormal, "
+                     "HalfNormal and Gamma priors can be)")
+
+
+class _WidenPriors(numpyro.primitives.Messenger):
+    def __init__(self, fn: Callable, factor: float):
+        self.factor = factor
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        # Sites inside a plate are per-group effects in standard units (their scale is a prior, widened).
+        if msg["type"] == "sample" and not msg["is_observed"] and not msg["cond_indep_stack"]:
+            msg["fn"] = _widened(msg["fn"], self.factor, msg["name"])
+
+
+@functools.lru_cache(maxsize=None)
+def widened_priors(model: Callable, factor: float) -> Callable:
+    """``model`` with every prior ``factor`` times as wide: the sensitivity of a decision to the priors.
+
+    Every latent site outside a plate (the form's coefficients, the residual and effect scales, the
+    Student-t's degrees of freedom) keeps its location and has its spread multiplied by
+    ``factor``: a Normal's or HalfNormal's scale, a LogNormal's log-scale sd, a Gamma's sd (its
+    mean kept). Per-group effects inside a plate are in standard units and stay as they are. The
+    same callable is returned for the same ``(model, factor)``, so its sampler is compiled once.
+    """
+    if not factor > 0:
+        raise ValueError(f"prior width factor must be positive, got {factor}")
+    if factor == 1:
+        return model
+    widened = _WidenPriors(model, float(factor))
+    name = getattr(model, "__name__", "model")
+    widened.__name__ = widened.__qualname__ = f"{name}[priors x{factor:g}]"
+    return widened

@@ -21,7 +21,8 @@ from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
-                                   model_effects_plane_model_for, plane_model_for, run_effects_model_for)
+                                   model_effects_plane_model_for, plane_model_for, run_effects_model_for,
+                                   widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
@@ -71,6 +72,7 @@ def sample_loss_law(
     progress: Callable[[str], None] | None = None,
     dense_mass: bool = True,
     retries: int = 0,
+    prior_width: float = 1.0,
 ) -> PosteriorRun:
     """NUTS posterior of a loss-law ``family`` on runs (N, D, L), every chain started from the prior.
 
@@ -94,7 +96,9 @@ def sample_loss_law(
     ``docs/results/chinchilla_reference.md`` has the comparison).
 
     ``retries``: how many times a run that fails its checks is run again, longer
-    (:func:`rerun_until_checked`); 0, one run whatever its checks say.
+    (:func:`rerun_until_checked`); 0, one run whatever its checks say. ``prior_width``: every
+    prior that many times as wide (:func:`~sdsl_jax.infer.models.widened_priors`), to see how much
+    a result owes to the priors.
     """
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
     if run is not None:
@@ -106,15 +110,17 @@ def sample_loss_law(
     out = _sample_checked(model, args, var_names=loss_law_sites(family, run_effects=run is not None),
                           dense_mass=dense_mass, target_accept=target_accept, num_chains=num_chains,
                           num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
-                          progress_bar=progress_bar, summarize=summarize, progress=progress)
+                          progress_bar=progress_bar, summarize=summarize, progress=progress,
+                          prior_width=prior_width)
     out.samples.update(zip(DATA_CENTRE_KEYS, (np.asarray(float(c)) for c in DataCentre.of(log_n, log_d))))
     return out
 
 
 def _sample_checked(model: Callable, args: tuple, *, var_names, dense_mass: bool, target_accept: float,
                     num_chains: int, num_warmup: int, num_samples: int, seed: int, retries: int,
-                    progress_bar: bool, summarize: bool, progress) -> PosteriorRun:
+                    progress_bar: bool, summarize: bool, progress, prior_width: float = 1.0) -> PosteriorRun:
     """NUTS on ``model(*args)`` from prior starts, rerun while its checks fail (:func:`rerun_until_checked`)."""
+    model = widened_priors(model, prior_width)
 
     def attempt(warmup, draws, accept, attempt_seed):
         return run_nuts(model, args, init_params=prior_starts(model, args, num_chains, attempt_seed),
@@ -244,9 +250,11 @@ def sample_plane(
     summarize: bool = True,
     progress: Callable[[str], None] | None = None,
     retries: int = 0,
+    prior_width: float = 1.0,
 ) -> PosteriorRun:
     """NUTS posterior of an acceptance model (see :func:`plane_model_for`), every chain started
-    from the prior; ``summarize``, ``progress`` and ``retries`` as in :func:`sample_loss_law`.
+    from the prior; ``summarize``, ``progress``, ``retries`` and ``prior_width`` as in
+    :func:`sample_loss_law`.
 
     ``draft`` and ``target`` (an integer model per pair, e.g.
     :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
@@ -264,7 +272,8 @@ def sample_plane(
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
                            target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
-                           retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress)
+                           retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress,
+                           prior_width=prior_width)
 
 
 def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:

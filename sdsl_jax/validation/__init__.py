@@ -6,7 +6,9 @@ closure          for every target of measured speculative runs, the law's predic
                  T and N* against the measured ones; the measured side's bootstrap over prompts; the
                  forecast scored (:func:`~sdsl_jax.validation.closure.close_loop`)
 forms            forms fitted side by side and stacked (:func:`~sdsl_jax.validation.forms.fit_forms`),
-                 the in-sample fit and the prospective refits without a draft size
+                 one form's fit of a data set, the stacked mixture's draws
+closure_fits     the closure's fits: in sample, without each draft size (prospective), of what came
+                 before each target (forward), and in sample with every prior widened
 closure_report   the closure's markdown table and figure
 holdout          each model size held out in turn: coverage of the predictive bands, grouped
                  leave-one-size-out log densities, stacking weights over the laws

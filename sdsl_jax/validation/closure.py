@@ -352,7 +352,8 @@ def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | No
     out = []
     fits = [("all data", in_sample, None if stacking is None else stacking["forms"])]
     fits += [(f"without N = {size}", r.get("diagnostics", {}), r.get("forms")) for size, r in (refits or {}).items()]
-    fits += [(f"forward fit for {target}", r.get("diagnostics", {}), None) for target, r in (forward or {}).items()]
+    fits += [(f"forward fit for {target}", r.get("diagnostics", {}), r.get("forms"))
+             for target, r in (forward or {}).items()]
     for where, diagnostics, forms in fits:
         for name, d in diagnostics.items():
             if not d["ok"]:

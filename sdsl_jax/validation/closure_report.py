@@ -8,7 +8,7 @@ import numpy as np
 
 from sdsl_jax.store import atomic_write
 from sdsl_jax.validation.closure import forecast_scores, outside_band
-from sdsl_jax.validation.forms import InSampleFit
+from sdsl_jax.validation.closure_fits import InSampleFit
 
 OUTSIDE_MARK = " (!)"
 
@@ -65,9 +65,11 @@ def markdown_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n" + note
 
 
-def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str], *, propagate: int) -> str:
-    """closure.md: the table, the forecast scores, the failed checks and the stacked forms (``propagate``:
-    the draws each form's share was taken from)."""
+def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str], *, propagate: int,
+                     sensitivity: dict | None = None) -> str:
+    """closure.md: the table, the forecast scores, the failed checks, the stacked forms (``propagate``:
+    the draws each form's share was taken from) and how P(best) moves with wider priors
+    (``sensitivity``, :func:`sdsl_jax.validation.closure_fits.prior_sensitivity`)."""
     table = markdown_table(records)
     if fit.draws is not None:
         s = scores.get("predictive" if fit.scales is not None else "mean_only") or forecast_scores(records)
@@ -102,6 +104,15 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
             + f". Log score {s['log_score']:.2f} (uniform {s['uniform_log_score']:.2f}), Brier {s['brier']:.3f} "
               f"(uniform {s['uniform_brier']:.3f}), measured best in the 90% credible set for "
               f"{s['measured_best_in_90_credible_set']} of {s['targets']}.\n")
+    if sensitivity is not None:
+        per_target = sensitivity["max_abs_change_p_best_per_target"]
+        changed = sensitivity["bayes_decisions_changed"]
+        table += (f"\nPriors {sensitivity['width']:g} times as wide (the in-sample fit again, every prior's spread "
+                  f"multiplied): P(best) of a candidate moves by at most {sensitivity['max_abs_change_p_best']:.3f} ("
+                  + ", ".join(f"{t} {v:.3f}" for t, v in per_target.items()) + "); the Bayes decision changes for "
+                  + (", ".join(changed) if changed else "no target")
+                  + (f" (wide-prior posteriors that failed their checks: {', '.join(sensitivity['failed_checks'])})"
+                     if sensitivity["failed_checks"] else "") + ".\n")
     if failed:
         table += ("\nPosteriors that failed their checks (R-hat < 1.01, bulk ESS >= 400, no divergences), with the "
                   "weight their form carries in that fit: " + "; ".join(failed) + ". Their draws are used as sampled; "
