@@ -211,6 +211,8 @@ def _close(args, argv) -> int:
         prospective_fits=prospective_weights, forward_fits=forward_fits_record, failed_diagnostics=failed,
         prior_sensitivity=sensitivity,
         loss_law={k: float(v) for k, v in point.law._asdict().items()},
+        loss_law_source=("point fit" if not fit.point_fit_at_bound else "posterior median law (the point fit's "
+                         + ", ".join(fit.point_fit_at_bound) + " at a bound of the fit)"),
         plane={k: float(v) for k, v in point.plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=fit.diagnostics, forecast_scores=scores if fit.draws is not None else None,
         prospective_skipped=prospective_skipped,

@@ -132,15 +132,15 @@ def test_progress_reports_warm_up_and_draws_and_changes_no_draw():
     rng = np.random.default_rng(3)
     x, y = rng.uniform(5, 60, 40), rng.uniform(3, 20, 40)
     alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, 40)
-    kw = dict(num_chains=2, num_warmup=100, num_samples=200, progress_bar=False, seed=4, retries=0)
+    kw = dict(num_chains=2, num_warmup=50, num_samples=100, progress_bar=False, seed=4, retries=0)
     lines = []
     pieces = sample_plane(x, y, alpha, progress=lines.append, **kw)
     whole = sample_plane(x, y, alpha, **kw)
     for k in whole.samples:
         np.testing.assert_array_equal(pieces.samples[k], whole.samples[k])
     assert pieces.diagnostics == whole.diagnostics
-    assert lines[0].startswith("warm-up: 2 chains x 100 iterations") and "draws 0/200" in lines[1]
-    assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/200" for k in range(40, 201, 40)]
+    assert lines[0].startswith("warm-up: 2 chains x 50 iterations") and "draws 0/100" in lines[1]
+    assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/100" for k in range(20, 101, 20)]
     assert all("s left" in line for line in lines[3:-1]) and "left" not in lines[-1]
 
 
@@ -222,3 +222,18 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
         sampler._sampling_loop_compiled_once = original
     for site in ("A", "B", "C", "sigma"):
         np.testing.assert_array_equal(reused.samples[site], plain.samples[site])
+
+
+def test_a_cached_sampler_is_keyed_on_the_data_shapes():
+    """An MCMC object holds state traced for one set of shapes (vectorised chains fail on another),
+    so the sampler cache gives each model and shapes its own. The end-to-end run on two shapes with
+    vectorised chains is `test_user_data.py::test_a_sampler_runs_again_on_data_of_another_shape` (slow)."""
+    from sdsl_jax.infer import plane_model, sampler
+
+    def mcmc(rows):
+        shapes = (((rows,), "float64"),)
+        return sampler._mcmc(plane_model, 5, 5, 10, False, 0.9, False, shapes)
+
+    assert mcmc(20) is mcmc(20) and mcmc(20) is not mcmc(31)
+    assert mcmc(20).num_chains == 5 and mcmc(20).chain_method == sampler._chain_method(5)
+

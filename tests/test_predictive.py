@@ -177,3 +177,29 @@ def test_measured_best_bootstrap_resamples_prompts_jointly(tmp_path):
     path.write_text(header + "\n" + rows[0].replace("20;15;15", "20;15;14") + "\n")
     with pytest.raises(Exception, match="accepted_per_prompt.*adds up to 49"):
         load_speculative(path)
+
+
+def test_a_point_fit_at_a_bound_gives_way_to_the_posterior_median_law():
+    """A coefficient at a bound of the fit (E driven to 0, a term's coefficient in the 1e200s) makes
+    the point law's curve an artefact: decisions then use the posterior's median law."""
+    from sdsl_jax.infer.point import degenerate_coefficients
+    from sdsl_jax.infer.results import PointFit
+    from sdsl_jax.loss_laws import CHINCHILLA
+
+    assert degenerate_coefficients(HOFFMANN2022) == ()
+    assert degenerate_coefficients(HOFFMANN2022._replace(E=0.0, A=5.8e207)) == ("E", "A")
+    assert degenerate_coefficients(HOFFMANN2022._replace(B=float("nan"), beta=2.5e-72)) == ("B", "beta")
+
+    def point(law):
+        return PointFit(law, np.asarray(CHINCHILLA.to_theta(law)), 1e-3, True, CHINCHILLA, SDSL2026, None, False,
+                        float("nan"))
+
+    laws, _ = _draws(401, seed=2)
+    same, bad = predict.point_for_decisions(point(HOFFMANN2022), laws)
+    assert bad == () and same.law is HOFFMANN2022
+    replaced, bad = predict.point_for_decisions(point(HOFFMANN2022._replace(E=0.0)), laws)
+    assert bad == ("E",)
+    for name in ("E", "A", "alpha"):
+        assert float(getattr(replaced.law, name)) == pytest.approx(float(np.median(getattr(laws, name))), rel=1e-12)
+    np.testing.assert_allclose(replaced.theta, np.asarray(CHINCHILLA.to_theta(replaced.law)))
+    assert replaced.objective == 1e-3 and replaced.family is CHINCHILLA  # the rest of the point fit as it was

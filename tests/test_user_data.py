@@ -113,10 +113,13 @@ def test_two_unlabelled_rows_at_one_size_and_budget_are_not_merged_into_one_run(
     assert fit.main([*args, "--run-effects", "off"]) == 0  # rows independent: nothing is merged
 
 
+@pytest.mark.slow
 def test_a_sampler_runs_again_on_data_of_another_shape():
     """Cross-validation in a notebook: the compiled sampler is reused per shape, not across shapes.
 
-    Five chains on four devices run vectorised, the case whose cached state failed on new shapes."""
+    Five chains on four devices run vectorised, the case whose cached state failed on new shapes
+    (two vectorised compilations; the cache's keying on shapes is checked fast by
+    `test_bayes.py::test_a_cached_sampler_is_keyed_on_the_data_shapes`)."""
     from sdsl_jax import infer
 
     rng = np.random.default_rng(0)

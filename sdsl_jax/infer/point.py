@@ -51,6 +51,8 @@ __all__ = [
     "check_acceptance_data",
     "NEAR_OPTIMUM",
     "rival_optima",
+    "DEGENERATE_MAGNITUDE",
+    "degenerate_coefficients",
 ]
 
 
@@ -463,3 +465,28 @@ def rival_optima(all_theta: np.ndarray, all_values: np.ndarray, names: tuple[str
     # A log-coefficient at -700 or -inf is "negligible" either way: compare within [-50, 50].
     theta = np.clip(np.nan_to_num(theta, nan=0.0, posinf=50.0, neginf=-50.0), -50.0, 50.0)
     return tuple(n for n, lo, hi in zip(names, theta.min(0), theta.max(0)) if hi - lo > spread)
+
+
+DEGENERATE_MAGNITUDE = 1e30
+"""A coefficient beyond this magnitude (or below its inverse) has run to a bound of the fit."""
+
+
+def degenerate_coefficients(law: Any) -> tuple[str, ...]:
+    """The fields of a fitted ``law`` that sit at a bound of the fit: not finite, zero, or of a
+    magnitude above :data:`DEGENERATE_MAGNITUDE` or below its inverse.
+
+    A multi-start fit in log coordinates reaches such values when the data do not pin a term down:
+    an irreducible loss driven to 0 (``e = log E -> -inf``), or a term that switches on for one
+    size (the one-break law on a small ladder: ``A = 5.8e207``, ``alpha = 47.6``, ``f = 2.5e-72``).
+    The law still fits the rows, but its curve between and beyond them is an artefact of where
+    the optimiser stopped; decisions are then taken from the posterior
+    (:func:`sdsl_jax.predict.point_for_decisions`).
+    """
+    out = []
+    for name, value in law._asdict().items():
+        v = np.abs(np.asarray(value, np.float64))
+        if not (np.all(np.isfinite(v)) and np.all(v > 0) and np.all(v < DEGENERATE_MAGNITUDE)
+                and np.all(v > 1 / DEGENERATE_MAGNITUDE)):
+            out.append(name)
+    return tuple(out)
+

@@ -17,6 +17,7 @@ import numpy as np
 from sdsl_jax.acceptance import predictive_acceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.forecast import Decision, bayes_decision
+from sdsl_jax.infer.point import degenerate_coefficients
 from sdsl_jax.infer.results import PointFit
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import DraftSizeSolution, LinearLaw, fit_linear_law, solve_draft_size
@@ -32,6 +33,7 @@ __all__ = [
     "throughput_draws",
     "best_draft_probabilities",
     "acceptance_draws",
+    "point_for_decisions",
 ]
 
 
@@ -237,3 +239,21 @@ def acceptance_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: 
     n, d = np.asarray(n_drafts, np.float64), np.asarray(d_drafts, np.float64)
     laws, planes = _draw_columns(draws)
     return _predictive_alpha(laws, planes, scales, n, d, m_target, d_target, seed, labels or CandidateLabels())
+
+
+def point_for_decisions(point: PointFit, laws: Any) -> tuple[PointFit, tuple[str, ...]]:
+    """The point fit to predict the point-fit rule's draft, N* and curves with, and the law's
+    fields that sat at a bound of the fit.
+
+    Where the point fit's law has a coefficient at a bound (:func:`sdsl_jax.infer.point.degenerate_coefficients`:
+    zero, not finite, or beyond 1e30 in magnitude) its law is replaced by the posterior's median
+    law (per field, over the draws ``laws``): the curve between and beyond the data is then the
+    posterior's, not an artefact of where the optimiser stopped. Without such a field the point
+    fit is returned as it is, with an empty tuple.
+    """
+    bad = degenerate_coefficients(point.law)
+    if not bad:
+        return point, ()
+    median = type(point.law)(*(float(np.nanmedian(np.asarray(v, np.float64))) for v in laws))
+    return point._replace(law=median, theta=np.asarray(point.family.to_theta(median), np.float64)), bad
+

@@ -205,7 +205,9 @@ def add_forward(records: list[dict], fits: dict[str, tuple | str], *, seed: int 
 class InSampleFit(NamedTuple):
     """The closure's fit to all the data: the point fit (the highest-weight form's with ``--stack``),
     the forms and their stacking summary (None without ``--stack``), the paired draws and residual
-    scales (None without a posterior, or with ``--mean-only``) and the posteriors' diagnostics."""
+    scales (None without a posterior, or with ``--mean-only``), the posteriors' diagnostics, and
+    the coefficients of the point fit's law that sat at a bound (``point_fit_at_bound``; ``point``
+    then holds the posterior's median law, :func:`sdsl_jax.predict.point_for_decisions`)."""
 
     point: Any
     forms: list | None
@@ -213,6 +215,7 @@ class InSampleFit(NamedTuple):
     draws: tuple | None
     scales: Any
     diagnostics: dict
+    point_fit_at_bound: tuple[str, ...] = ()
 
 
 class ClosureSettings(NamedTuple):
@@ -254,7 +257,8 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
                                     log=log)
         log("stacking: weights " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items()))
         log_point(forms[0].point, len(pairs), log)
-        return InSampleFit(forms[0].point, forms, stacking, forms[0].draws, forms[0].scales, stacking["diagnostics"])
+        return InSampleFit(forms[0].point, forms, stacking, forms[0].draws, forms[0].scales, stacking["diagnostics"],
+                           tuple(stacking["point_fit_at_bound"].get(forms[0].point.family.name, ())))
     starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[:: settings.starts_every]
     store = stages.store(runs, pairs, family, model, prior_width=settings.prior_width) \
         if settings.posterior and stages is not None else None
@@ -270,8 +274,11 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
         f"{post.diagnostics.plane.max_rhat:.3f}")
     scales = None if settings.mean_only else predict.predictive_scales(post, count=settings.propagate, seed=settings.seed,
                                                                      runs=runs, acceptance=pairs)
+    point, at_bound = predict.point_for_decisions(point, post.laws)
+    if at_bound:
+        log(f"point fit: {', '.join(at_bound)} at a bound of the fit; its curve and pick are the posterior median law's")
     return InSampleFit(point, None, None, predict.paired_draws(post, count=settings.propagate, seed=settings.seed), scales,
-                       {k: v._asdict() for k, v in post.diagnostics.items()})
+                       {k: v._asdict() for k, v in post.diagnostics.items()}, at_bound)
 
 
 def prospective(records, speculative, runs, pairs, fit: InSampleFit, settings: ClosureSettings, *, stack=None,

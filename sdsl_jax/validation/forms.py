@@ -81,11 +81,12 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     posterior is kept when it ends and reused on ``--resume``. Returns the forms, highest
     weight first, and a summary (weights and PSIS-LOO per law and per acceptance model, the forms'
     weights, laws skipped, the forms given no weight because their posterior failed its checks,
-    each posterior's diagnostics). ``prior_width``: every prior that many times as wide
+    the coefficients of each law whose point fit sits at a bound (its law is then the posterior's
+    median, :func:`sdsl_jax.predict.point_for_decisions`), each posterior's diagnostics). ``prior_width``: every prior that many times as wide
     (:func:`sdsl_jax.infer.models.widened_priors`). ``pairs`` None: the paper's plane, held fixed
     (``models`` then holds it alone).
     """
-    from sdsl_jax import compare, pipeline, predict
+    from sdsl_jax import compare, pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
 
     skipped, points, law_runs, plane_runs, posts = {}, {}, {}, {}, {}
@@ -124,18 +125,10 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     if pairs is None:
         plane_runs = {}
     acc_w = _acceptance_weights(pairs, plane_runs, models)
-    lw, aw = dict(zip(law_w.names, law_w.weights)), dict(zip(acc_w.names, acc_w.weights))
-    forms = []
-    for (f, m), post in posts.items():
-        weight = float(lw[f] * aw[m])
-        if int(round(weight * propagate)) == 0:
-            continue  # contributes no draw to the mixture
-        forms.append(FormFit(f"{f} + {m}", weight, points[f, m], predict.paired_draws(post, count=propagate,
-                                                                                        seed=seed),
-                             None if mean_only else predict.predictive_scales(post, count=propagate, seed=seed,
-                                                                              runs=runs, acceptance=pairs),
-                             runs, pairs))
-    forms.sort(key=lambda form: -form.weight)
+    weights = {(f, m): float(w_law * w_acc) for f, w_law in zip(law_w.names, law_w.weights)
+               for m, w_acc in zip(acc_w.names, acc_w.weights)}
+    forms, at_bound = _weighted_forms(posts, points, weights, runs, pairs, propagate=propagate, seed=seed,
+                                      mean_only=mean_only)
     method = next((w.method.split(";")[0] for w in (law_w, acc_w) if len(w.names) > 1), "a single form of each kind")
     summary = dict(method=method, skipped=skipped,
                    laws={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se), pareto_k_max=float(k))
@@ -143,9 +136,31 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
                                               pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
                    forms={form.name: form.weight for form in forms},
-                   failed_checks=[*law_w.failed, *acc_w.failed],
+                   failed_checks=[*law_w.failed, *acc_w.failed], point_fit_at_bound=at_bound,
                    diagnostics={name: run.diagnostics._asdict() for name, run in {**law_runs, **plane_runs}.items()})
     return forms, summary
+
+
+def _weighted_forms(posts: dict, points: dict, weights: dict, runs, pairs, *, propagate: int, seed: int,
+                    mean_only: bool) -> tuple[list[FormFit], dict[str, list[str]]]:
+    """The forms with weight enough for one draw of ``propagate``, highest weight first, each with
+    its point fit for decisions (:func:`sdsl_jax.predict.point_for_decisions`); and, per loss law
+    whose point fit had a coefficient at a bound, those coefficients."""
+    from sdsl_jax import predict
+
+    forms, at_bound = [], {}
+    for (f, m), post in posts.items():
+        point, bad = predict.point_for_decisions(points[f, m], post.laws)
+        if bad:
+            at_bound[f] = list(bad)
+        if int(round(weights[f, m] * propagate)) == 0:
+            continue  # contributes no draw to the mixture
+        forms.append(FormFit(f"{f} + {m}", weights[f, m], point, predict.paired_draws(post, count=propagate, seed=seed),
+                             None if mean_only else predict.predictive_scales(post, count=propagate, seed=seed,
+                                                                              runs=runs, acceptance=pairs),
+                             runs, pairs))
+    forms.sort(key=lambda form: -form.weight)
+    return forms, at_bound
 
 
 def _acceptance_weights(pairs, plane_runs: dict, models):
@@ -217,8 +232,10 @@ def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, 
                  propagate: int, seed: int, reruns: int = 0, prior_width: float = 1.0,
                  stages: Stages | None = None) -> tuple[tuple, dict]:
     """One data set fitted (point fit, then posteriors, kept in ``stages``): ``(point, paired draws,
-    predictive scales, (runs, pairs))`` and its summary (each posterior's diagnostics). ``pairs``
-    None: the paper's plane, held fixed. ``prior_width`` as in :func:`fit_forms`."""
+    predictive scales, (runs, pairs))`` and its summary (each posterior's diagnostics, and the
+    coefficients of a point fit at a bound, whose law is then the posterior's median,
+    :func:`sdsl_jax.predict.point_for_decisions`). ``pairs`` None: the paper's plane, held fixed.
+    ``prior_width`` as in :func:`fit_forms`."""
     from sdsl_jax import pipeline, predict
 
     starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[::starts_every]
@@ -229,6 +246,9 @@ def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, 
                                      stages=store)
     summary = dict(diagnostics={family.name if k == "loss_law" else model.name: v._asdict()
                                 for k, v in post.diagnostics.items()})
+    point, at_bound = predict.point_for_decisions(point, post.laws)
+    if at_bound:
+        summary["point_fit_at_bound"] = {family.name: list(at_bound)}
     return (point, predict.paired_draws(post, count=propagate, seed=seed),
             predict.predictive_scales(post, count=propagate, seed=seed, runs=runs, acceptance=pairs),
             (runs, pairs)), summary
