@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import time
 import warnings
 from typing import Callable, NamedTuple
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_TREE_DEPTH",
     "compiled_loop_reuse",
     "clear_sampler_caches",
+    "release_compiled_programs_when_crowded",
     "run_nuts",
     "prior_starts",
 ]
@@ -187,6 +189,36 @@ def clear_sampler_caches() -> None:
     _jitted_once.cache_clear()
     getattr(numpyro.util.fori_collect, "_cache", {}).clear()
     jax.clear_caches()
+    gc.collect()  # programs held in reference cycles release their memory now, not at some later collection
+
+
+def _memory_map_use() -> tuple[int, int] | None:
+    """``(mappings this process holds, the kernel's limit vm.max_map_count)``; None off Linux."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f), limit
+    except (OSError, ValueError):
+        return None
+
+
+def release_compiled_programs_when_crowded(share: float = 0.5) -> bool:
+    """Forget every compiled program (:func:`clear_sampler_caches`) when this process holds more
+    than ``share`` of the memory mappings the kernel allows; returns whether it did.
+
+    XLA's CPU backend maps memory for each compiled program and keeps it while the program is
+    cached. A long job that compiles for many data shapes (a stacked closure refits every form
+    on each data set) reaches Linux's ``vm.max_map_count`` (65,530 by default) after some
+    thousands of programs, and LLVM then fails to allocate and the process dies. Dropping the
+    caches releases the mappings; what is needed again is compiled again. Called before every
+    NUTS run (:func:`run_nuts`), between units of work.
+    """
+    use = _memory_map_use()
+    if use is None or use[0] <= share * use[1]:
+        return False
+    clear_sampler_caches()
+    return True
 
 
 def _draw_chunk(num_samples: int, pieces: int = 5) -> int:
@@ -203,6 +235,7 @@ def run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmu
     """NUTS in one compiled run, or with ``progress``: warm-up, then the draws in about five pieces,
     each reported with the draws done and the time left. Continuing from the last state draws
     exactly what one run draws (same keys, same adapted step size and mass matrix)."""
+    release_compiled_programs_when_crowded()
     shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
                    for leaf in jax.tree.leaves((model_args, init_params)))
     chunk = _draw_chunk(num_samples) if progress is not None else num_samples
