@@ -135,7 +135,7 @@ def _summary(folds: dict, sizes: list[float]) -> dict:
                                            log_predictive_density=float(largest["log_density"].sum())))
 
 
-def run_holdout(runs, pairs, *, laws, acceptance_models, chains=2, warmup=300, draws=300, seed=0, starts_every=1,
+def run_holdout(runs, pairs, *, laws, acceptance_models, chains=4, warmup=500, draws=500, seed=0, starts_every=1,
                 run_effects=False, model_effects=False, log=print) -> dict:
     """Every size held out in turn for every law (and acceptance model): the record of coverage, grouped
     leave-one-size-out log densities, forward extrapolation and the stacking weights over the laws."""
