@@ -85,3 +85,18 @@ def micro_ladder(tmp_path_factory):
                                  "--quiet"]) == 0
             (root / "done").write_text("ok")
     return ladder_dir, measure_dir
+
+
+# The modules that take longest, longest first (measured with `pytest --durations=0`): pytest-xdist
+# hands whole modules to its two workers in collection order (--dist loadscope), so a long module
+# collected last keeps one worker busy while the other idles. The micro ladder's other user
+# (test_latency) comes late, after test_experiments has built the ladder it waits for.
+LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_extending", "test_faults", "test_optimum", "test_bayes",
+                 "test_model_effects", "test_run_effects", "test_decoding", "test_calibration", "test_user_data",
+                 "test_fitting", "test_normal", "test_holdout", "test_predictive")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1] if item.module else "",
+                                         len(rank)))
