@@ -84,6 +84,12 @@ def run_labels_checked(runs, path, args, dataset) -> None:
                         "two runs; give each its own run label (or --run-effects off)")
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the working folder when it lies inside it: a result's text names no machine's folders."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
+
+
 def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, family, acceptance_model, dataset,
                        user_data, drop) -> dict:
     """What the prediction assumes, each with its source: summary.json's ``assumptions``."""
@@ -95,7 +101,7 @@ def assumptions_record(args, settings, *, runs, acceptance, pre_path, acc_path, 
         dataset="your data" if user_data else dataset.name,
         **settings.as_dict(),
         recipe=args.recipe, cost=args.cost, law=family.name,
-        acceptance_model=(f"{acceptance_model.name}, fitted to {acc_path}" if acceptance is not None
+        acceptance_model=(f"{acceptance_model.name}, fitted to {_shown(acc_path)}" if acceptance is not None
                           else "the paper's plane SDSL2026, fixed (no acceptance data)"),
         runs=("rows independent (--run-effects off)" if args.run_effects == "off" else
               "rows of one size are one training run (the run column is blank)" if blank_runs and not
