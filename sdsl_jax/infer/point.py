@@ -476,8 +476,8 @@ def degenerate_coefficients(law: Any) -> tuple[str, ...]:
     magnitude above :data:`DEGENERATE_MAGNITUDE` or below its inverse.
 
     A multi-start fit in log coordinates reaches such values when the data do not pin a term down:
-    an irreducible loss driven to 0 (``e = log E -> -inf``), or a term that switches on for one
-    size (the one-break law on a small ladder: ``A = 5.8e207``, ``alpha = 47.6``, ``f = 2.5e-72``).
+    an irreducible loss driven to 0 (``e = log E -> -inf``), or a term whose coefficient and
+    exponent run off together until it switches on for a single model size.
     The law still fits the rows, but its curve between and beyond them is an artefact of where
     the optimiser stopped; decisions are then taken from the posterior
     (:func:`sdsl_jax.predict.point_for_decisions`).
