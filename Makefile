@@ -29,10 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # Two workers (pytest-xdist): most of the suite's time is single-threaded XLA compilation. Whole
-# modules go to one worker (--dist loadscope), so a module's fixtures are built once; the micro
-# ladder, shared by two modules, is built once under a file lock (tests/conftest.py).
+# modules go to one worker (--dist loadscope), so a module's fixtures are built once, longest module
+# first (--no-loadscope-reorder keeps tests/conftest.py's order); the micro ladder, shared by two
+# modules, is built once under a file lock (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadscope
+	$(PY) -m pytest -m "not slow" -q -n 2 --dist loadscope --no-loadscope-reorder
 
 test-all: $(STAMP)
 	SDSL_TEST_XLA_DEFAULTS=1 $(PY) -m pytest -q
