@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from sdsl_jax._arrays import as_float
-from sdsl_jax.speculative import expected_tokens, optimal_lookahead, optimal_throughput
+from sdsl_jax.speculative import expected_tokens, optimal_lookahead_and_throughput
 
 __all__ = [
     "SDSLFlops",
@@ -193,8 +193,7 @@ def best_lookahead(cost, alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLi
     if hasattr(cost, "affine"):
         alpha, n, m = as_float(alpha, n_draft, m_target)
         slope, intercept = cost.affine(n, m)
-        return Lookahead(optimal_lookahead(alpha, slope, intercept),
-                         optimal_throughput(alpha, slope, intercept, flops_per_param=1.0))
+        return Lookahead(*optimal_lookahead_and_throughput(alpha, slope, intercept, flops_per_param=1.0))
     leaves, treedef = jax.tree.flatten(cost)
     arrays = jnp.broadcast_arrays(*as_float(alpha, n_draft, m_target, *leaves))
     shape = arrays[0].shape

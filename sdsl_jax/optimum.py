@@ -11,7 +11,7 @@ docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as th
    whenever the Newton step leaves the bracket or lands where the model is inadmissible),
    until the step is below ``tol`` in ``log N``;
 3. derivatives of N* with respect to every float input (M, D, D', each field of the loss law and
-   the plane) by the implicit function theorem through ``jax.lax.custom_root``:
+   the plane) by the implicit function theorem (a ``jax.custom_jvp`` on the located root):
    ``du*/dtheta = -(dg/dtheta) / (dg/du)``. The iterations are never differentiated.
 
 Everything is vectorised over broadcast shapes of ``m_target``, ``d_target`` and every field of the
@@ -37,7 +37,7 @@ from sdsl_jax._arrays import as_float
 from sdsl_jax.acceptance import SDSL2026
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead, target_alone_cost
 from sdsl_jax.loss_laws import HOFFMANN2022
-from sdsl_jax.objective import draft_acceptance, draft_throughput
+from sdsl_jax.objective import draft_acceptance
 from sdsl_jax.protocols import AcceptanceRateModel, DraftRecipe, IterationCostModel, LossLawModel
 from sdsl_jax.recipes import as_recipe
 
@@ -131,26 +131,32 @@ class _Problem(NamedTuple):
     recipe: DraftRecipe
 
 
-def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
+def _log_throughput_and_acceptance(u: jax.Array, p: _Problem) -> tuple[jax.Array, jax.Array]:
+    # One evaluation of the model gives both: the solver's program is compiled once per model, and
+    # every copy of the chain (its Lambert W included) it holds costs compile time.
     n = jnp.exp(u)
-    return jnp.log(draft_throughput(n, p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane,
-                                    cost=p.cost))
+    alpha = draft_acceptance(n, p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane)
+    return jnp.log(best_lookahead(p.cost, alpha, n, p.m).throughput), alpha
 
 
-def _acceptance(u: jax.Array, p: _Problem) -> jax.Array:
-    return draft_acceptance(jnp.exp(u), p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane)
+def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
+    return _log_throughput_and_acceptance(u, p)[0]
 
 
 def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
-    """Scalar solve; returns (u*, status, steps)."""
+    """Scalar solve; returns (u*, status, steps), u* differentiable by the implicit function theorem."""
+    return _located_optimum(p, log_n_min, num_grid, max_steps, tol)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
     log_m = jnp.log(p.m)
     grid = jnp.linspace(log_n_min, log_m, num_grid)
-    f_grid = jax.vmap(_log_throughput, (0, None))(jax.lax.stop_gradient(grid), jax.lax.stop_gradient(p))
+    f_grid, alpha_grid = jax.vmap(_log_throughput_and_acceptance, (0, None))(grid, p)
     admissible = jnp.isfinite(f_grid)
     # T -> infinity as alpha -> 1, so a model reaching alpha >= 1 anywhere on [n_min, M] has no
     # maximum there. Every shipped law and acceptance model is monotone in N, so the grid (which
     # includes both ends) sees it; N* itself is checked again below.
-    alpha_grid = jax.vmap(lambda u: _acceptance(u, p))(jax.lax.stop_gradient(grid))
     saturates = jnp.any(alpha_grid >= 1)
     leaves = jax.tree.leaves(p)
     invalid = ~(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
@@ -162,49 +168,39 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
     no_admissible = ~jnp.any(admissible)
     no_speedup = ~no_admissible & (gain[k] <= 0)
 
-    def stationarity(u):
-        return jax.grad(_log_throughput)(u, p)
+    def value_and_stationarity(u):
+        return jax.value_and_grad(_log_throughput)(u, p)
 
-    def solve(g, u0):
-        lo = grid[jnp.maximum(k - 1, 0)]
-        hi = grid[jnp.minimum(k + 1, num_grid - 1)]
+    def cond(state):
+        _, _, _, done, step = state
+        return (~done) & (step < max_steps)
 
-        def cond(state):
-            _, _, _, done, step = state
-            return (~done) & (step < max_steps)
+    def body(state):
+        u, lo, hi, _, step = state
+        # log T, g = d log T / du and g' in one pass.
+        (log_t, gu), (_, dgu) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
+        # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
+        # Such a point lies on the far side of the admissible region from the grid maximum.
+        finite = jnp.isfinite(log_t) & jnp.isfinite(gu)
+        go_right = jnp.where(finite, gu > 0, u < u0)
+        lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
+        newton = u - gu / dgu
+        # Inclusive bounds: at convergence u is itself a bracket end and the step rounds to 0.
+        use_newton = finite & (dgu < 0) & (newton >= lo) & (newton <= hi)
+        u_next = jnp.where(use_newton, newton, 0.5 * (lo + hi))
+        scale = 1.0 + jnp.abs(u)
+        done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
+        return u_next, lo, hi, done, step + 1
 
-        def body(state):
-            u, lo, hi, _, step = state
-            gu, dgu = jax.jvp(g, (u,), (jnp.ones_like(u),))  # g and g' in one pass
-            # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
-            # Such a point lies on the far side of the admissible region from the grid maximum.
-            finite = jnp.isfinite(_log_throughput(u, p)) & jnp.isfinite(gu)
-            go_right = jnp.where(finite, gu > 0, u < u0)
-            lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
-            newton = u - gu / dgu
-            # Inclusive bounds: at convergence u is itself a bracket end and the step rounds to 0.
-            use_newton = finite & (dgu < 0) & (newton >= lo) & (newton <= hi)
-            u_next = jnp.where(use_newton, newton, 0.5 * (lo + hi))
-            scale = 1.0 + jnp.abs(u)
-            done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
-            return u_next, lo, hi, done, step + 1
-
-        u, _, _, done, steps = jax.lax.while_loop(cond, body, (u0, lo, hi, jnp.asarray(False), 0))
-        # custom_root gives aux outputs float tangents: carry them as floats.
-        return u, (done.astype(u.dtype), steps.astype(u.dtype))
-
-    u0 = jax.lax.stop_gradient(grid[k])
-    u, (done, steps) = jax.lax.custom_root(
-        stationarity, u0, solve, lambda g, y: y / g(jnp.ones_like(y)), has_aux=True
-    )
-    done, steps = done > 0, steps.astype(jnp.int32)
+    u0 = grid[k]
+    lo, hi = grid[jnp.maximum(k - 1, 0)], grid[jnp.minimum(k + 1, num_grid - 1)]
+    u, _, _, done, steps = jax.lax.while_loop(cond, body, (u0, lo, hi, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     spacing = (log_m - log_n_min) / (num_grid - 1)
-    at_lower = (k == 0) & (jax.lax.stop_gradient(u) - log_n_min <= 1e-3 * spacing)
-    u_found = jax.lax.stop_gradient(u)
-    alpha_found = _acceptance(u_found, p)
+    at_lower = (k == 0) & (u - log_n_min <= 1e-3 * spacing)
+    log_t_found, alpha_found = _log_throughput_and_acceptance(u, p)
     saturates = saturates | (alpha_found >= 1)
     # A stationary point must have a finite T there; anything else did not converge.
-    not_done = ~done | ~jnp.isfinite(_log_throughput(u_found, jax.lax.stop_gradient(p)))
+    not_done = ~done | ~jnp.isfinite(log_t_found)
     status = jnp.select(
         [invalid, saturates, no_admissible, no_speedup, at_lower, not_done],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
@@ -212,6 +208,25 @@ def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int,
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
     return u, status, steps
+
+
+@_located_optimum.defjvp
+def _located_optimum_jvp(num_grid, max_steps, tol, primals, tangents):
+    """Implicit function theorem at the root of ``g(u, p) = d log T / du``:
+    ``du* = -(dg/dp . dp) / (dg/du)``. The iterations are never differentiated, and this rule is
+    traced only when N* is differentiated (``jax.lax.custom_root`` traces its derivative on every
+    call, which doubled the solver's tracing time)."""
+    p, log_n_min = primals
+    dp, _ = tangents  # N* does not move with n_min where it is an interior maximum
+    u, status, steps = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
+
+    def stationarity(v, q):
+        return jax.grad(_log_throughput)(v, q)
+
+    g_u = jax.jvp(lambda v: stationarity(v, p), (u,), (jnp.ones_like(u),))[1]
+    g_p_dp = jax.jvp(lambda q: stationarity(u, q), (p,), (dp,))[1]
+    zeros = [np.zeros(np.shape(x), jax.dtypes.float0) for x in (status, steps)]
+    return (u, status, steps), (-g_p_dp / g_u, *zeros)
 
 
 def solve_draft_size(
@@ -295,8 +310,8 @@ def solve_draft_size(
     return jax.tree.map(lambda x: x.reshape(shape), solution)
 
 
-# Compiled once per shape, options and model types: tracing the vmapped while_loop and
-# custom_root costs seconds, far more than solving thousands of targets.
+# Compiled once per shape, options and model types: tracing and compiling the vmapped while_loop
+# costs more than solving thousands of targets.
 @functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
     u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(

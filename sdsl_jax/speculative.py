@@ -55,6 +55,7 @@ __all__ = [
     "optimal_lookahead",
     "optimal_integer_lookahead",
     "optimal_throughput",
+    "optimal_lookahead_and_throughput",
 ]
 
 
@@ -271,10 +272,7 @@ def optimal_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike)
       SDSL (2026), arXiv 2603.11053; docs/theory.md check values (section 2).
     """
     alpha, n, m = as_float(alpha, n_draft, m_target)
-    w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
-    gamma = jnp.log(-w) / (-log_a) - 1.0
-    gamma = jnp.where(has_stationary, jnp.maximum(gamma, 0.0), 0.0)
-    return _nan_unless(ok, gamma)
+    return optimal_lookahead_and_throughput(alpha, n, m)[0]
 
 
 def optimal_throughput(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike, *, flops_per_param: float = 2.0) -> jax.Array:
@@ -291,12 +289,21 @@ def optimal_throughput(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike
       Tokens per unit cost; NaN outside the model.
     """
     alpha, n, m = as_float(alpha, n_draft, m_target)
+    return optimal_lookahead_and_throughput(alpha, n, m, flops_per_param=flops_per_param)[1]
+
+
+def optimal_lookahead_and_throughput(alpha: jax.Array, n: jax.Array, m: jax.Array, *,
+                                     flops_per_param: float = 2.0) -> tuple[jax.Array, jax.Array]:
+    """``(gamma*, T*)`` of :func:`optimal_lookahead` and :func:`optimal_throughput` from one Lambert W
+    evaluation (float arrays; what the N* solver evaluates at every step)."""
     w, log_a, ok, has_stationary = _lower_branch(alpha, n, m)
+    log_minus_w = jnp.log(-w)
+    gamma = jnp.where(has_stationary, jnp.maximum(log_minus_w / (-log_a) - 1.0, 0.0), 0.0)
     # log(a)/(1-a) written as log(a)/(-expm1(log a)) keeps precision as alpha -> 1.
     t_star = log_a / (-jnp.expm1(log_a) * w) / (flops_per_param * jnp.where(ok, n, 1.0))
-    drafting_pays = has_stationary & (jnp.log(-w) > -log_a)  # gamma* > 0
+    drafting_pays = has_stationary & (log_minus_w > -log_a)  # gamma* > 0
     target_alone = 1.0 / (flops_per_param * jnp.where(ok, m, 1.0))
-    return _nan_unless(ok, jnp.where(drafting_pays, t_star, target_alone))
+    return _nan_unless(ok, gamma), _nan_unless(ok, jnp.where(drafting_pays, t_star, target_alone))
 
 
 def optimal_integer_lookahead(alpha: ArrayLike, n_draft: ArrayLike, m_target: ArrayLike) -> jax.Array:
