@@ -28,14 +28,14 @@ import numpy as np
 from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
-from sdsl_jax.infer.point import NEAR_OPTIMUM, fit_acceptance_plane, fit_loss_law, rival_optima
+from sdsl_jax.infer.point import NEAR_OPTIMUM, degenerate_coefficients, fit_acceptance_plane, fit_loss_law, rival_optima
 from sdsl_jax.infer.posterior import identification, laws_from_posterior, planes_from_posterior, sample_loss_law, sample_plane
 from sdsl_jax.infer.results import PointFit, Posterior, PosteriorChecks
 from sdsl_jax.infer.sampler import PosteriorRun
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily
 from sdsl_jax.predict.draws import PredictiveScales, paired_draws, predictive_scales
 from sdsl_jax.predict.propagate import plane_sensitivity
-from sdsl_jax.predict.ranking import DraftSizePrediction, predict_draft_size
+from sdsl_jax.predict.ranking import DraftSizePrediction, point_for_decisions, predict_draft_size
 from sdsl_jax.protocols import AcceptanceRateModel, LossLawModel
 from sdsl_jax.recipes import as_recipe
 from sdsl_jax.store import StageStore
@@ -66,6 +66,9 @@ class PipelineResult(NamedTuple):
     sensitivity: dict[str, np.ndarray] | None  # elasticities of N* to a fixed plane's coefficients
     draws: tuple[LossLawModel, AcceptanceRateModel] | None = None  # the paired (laws, planes) behind the bands
     scales: PredictiveScales | None = None  # their residual scales (None: mean-curve bands)
+    # The point fit's law fields at a bound of the fit (:func:`~sdsl_jax.infer.point.degenerate_coefficients`);
+    # with a posterior, ``point.law`` is then its median law (:func:`~sdsl_jax.predict.point_for_decisions`).
+    point_at_bound: tuple[str, ...] = ()
 
 
 def fit_point(
@@ -305,6 +308,14 @@ def run(
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None
+    at_bound = degenerate_coefficients(point.law)
+    if at_bound and post is not None:
+        point, _ = point_for_decisions(point, post.laws)
+        log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
+            "term down); the point N* is the posterior median law's")
+    elif at_bound:
+        log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
+            "term down): its N* is an artefact of where the optimiser stopped; run with --posterior")
     log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
         + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,
@@ -315,7 +326,7 @@ def run(
         log("sensitivity: d log N* / d log |A, B, C| of the fixed plane, by implicit derivatives")
         sensitivity = plane_sensitivity(targets, law=point.law, plane=point.plane, d_target=d_target,
                                               recipe=recipe, cost=cost)
-    return PipelineResult(point, post, prediction, sensitivity, draws, scales)
+    return PipelineResult(point, post, prediction, sensitivity, draws, scales, at_bound)
 
 
 def _log_point(point: PointFit, log: Log) -> None:

@@ -64,7 +64,10 @@ def summary_record(result: PipelineResult, *, header: dict, data: dict, assumpti
         **header, data=data, assumptions=assumptions, settings=settings,
         loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=point.family.name,
                       objective=point.objective, converged=point.converged,
-                      not_unique=list(point.not_unique)),
+                      not_unique=list(point.not_unique), at_bound=list(result.point_at_bound),
+                      source=("posterior median law (the point fit's " + ", ".join(result.point_at_bound)
+                              + " sat at a bound of the fit)") if result.point_at_bound and post is not None
+                      else "point fit (multi-start Huber)"),
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
         paper=dict(mu=PAPER_MU, m0=PAPER_M0),
@@ -138,6 +141,11 @@ def add_data_checks(summary: dict, law: LossLawModel, *, runs: PretrainingRuns,
         n_star = t.get("n_star_median", t["n_star"])
         t["beyond_data"] = extrapolation(t["m_target"], n_star if n_star is not None else np.nan,
                                          run_sizes=runs.n_params, draft_sizes=drafts, target_sizes=measured).as_dict()
+    at_bound = summary["loss_law"].get("at_bound")
+    if at_bound and "posterior" not in summary:
+        warnings_.append(f"the loss law's point fit has {', '.join(at_bound)} at a bound of the fit (a term the data do "
+                         "not pin down): its N* (point) is an artefact of where the optimiser stopped; run with "
+                         "--posterior, which reports the posterior median law's")
     flagged = [t for t in summary["targets"] if t["beyond_data"]["flags"]]
     if flagged:
         warnings_.append(f"{len(flagged)} of {len(summary['targets'])} targets lie beyond the data (column 'beyond data'): "
@@ -181,8 +189,9 @@ def format_table(summary: dict) -> str:
     post = summary.get("posterior")
     print("\n" + "\n".join(format_assumptions(summary["assumptions"])))
     law = summary["loss_law"]
-    print(f"\nLoss law, {law['family']} (point fit" + (", posterior median [90% interval]" if post else "") + "):")
-    for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique")]:
+    first = "posterior median law" if law.get("at_bound") and post else "point fit"
+    print(f"\nLoss law, {law['family']} ({first}" + (", posterior median [90% interval]" if post else "") + "):")
+    for k in [k for k in law if k not in ("family", "objective", "converged", "not_unique", "at_bound", "source")]:
         extra = ""
         if post:
             i = post["loss_law"][k]
@@ -227,6 +236,10 @@ def format_table(summary: dict) -> str:
     if law.get("not_unique"):
         print("The point fit is not unique (rival optima within 1% of its objective differ in "
               + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")
+    if law.get("at_bound"):
+        print(f"The point fit's {', '.join(law['at_bound'])} sat at a bound of the fit (a term the data do not pin down): "
+              + ("the N* (point) column is the posterior median law's." if post else
+                 "its N* (point) is an artefact of where the optimiser stopped; run with --posterior."))
     if post and post["identification"]["flags"]:
         print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))
     if "plane_sensitivity" in summary:

@@ -44,3 +44,28 @@ def test_the_table_reads_only_the_summary():
     for target in summary["targets"]:
         assert format_size(target["n_star_median"]) in table
     assert f"mu = {summary['linear_law']['mu']:.4g}" in table and "paper: mu = " in table
+
+
+def test_a_point_fit_at_a_bound_is_named_and_never_shown_as_the_answer():
+    """A law field at a bound of the fit (the irreducible loss driven to 0 here) is recorded; without
+    a posterior the point N* is flagged as an artefact (a warning, and a line under the table), with
+    one the table says its point column is the posterior median law's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    with open(os.path.join(REPO, "fits", "reference", "summary.json")) as handle:
+        summary = json.load(handle)
+    summary["loss_law"].update(E=0.0, at_bound=["E"])
+    runs = SimpleNamespace(n_params=np.array([1e8, 1e9]))  # the sizes the extrapolation flags read
+    bare = {k: v for k, v in summary.items() if k != "posterior"}
+    warnings_ = report.add_data_checks(bare, None, runs=runs, acceptance=None)
+    assert any("E at a bound of the fit" in w and "--posterior" in w for w in warnings_)
+    assert "artefact of where the optimiser stopped; run with --posterior" in report.format_table(bare)
+    table = report.format_table(summary)
+    assert "(posterior median law, posterior median" in table and "N* (point) column is the posterior median law's" in table
+    # Without a field at a bound, neither line.
+    summary["loss_law"]["at_bound"] = []
+    assert "at a bound" not in report.format_table(summary)
+    assert not any("at a bound" in w for w in report.add_data_checks(bare | {"loss_law": summary["loss_law"]}, None,
+                                                                     runs=runs, acceptance=None))
