@@ -41,15 +41,18 @@ def test_point_fit_on_shipped_data_writes_summary_and_figures(tmp_path):
         assert (out / name).stat().st_size > 10_000
 
 
+SHORT_NUTS = ["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--reruns", "0"]
+
+
 def test_posterior_with_acceptance_data(tmp_path, capsys):
     acc = synthetic_acceptance(tmp_path / "acc.csv", np.random.default_rng(0))
     out = tmp_path / "out"
     # Two named targets: by default a run on user pairs predicts for every measured target (30 here).
-    code = fit_cli.main(["--acceptance", acc, "--posterior", "--chains", "2", "--warmup", "150", "--draws", "150", "--reruns", "0",
-                         "--starts", "10", "--num-targets", "5", "--out", str(out), "--seed", "3",
-                         "--targets", "13e9", "7e10"])
-    assert code == 0  # diagnostics may fail at this size: without --strict that is a warning
-    # A run this short (300 iterations per chain) finishes in seconds: NUTS runs in one piece, silently.
+    # The NUTS settings of the tests below on the same pre-training rows: one compiled loss-law sampler for all three.
+    code = fit_cli.main(["--acceptance", acc, *SHORT_NUTS, "--starts", "10", "--num-targets", "5", "--out", str(out),
+                         "--seed", "3", "--targets", "13e9", "7e10"])
+    assert code == 0  # diagnostics fail at this size: without --strict that is a warning
+    # A run this short (50 iterations per chain) finishes in seconds: NUTS runs in one piece, silently.
     assert "NUTS draws" not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seed"] == 3 and summary["plane"]["source"].startswith("fitted")
@@ -62,7 +65,7 @@ def test_posterior_with_acceptance_data(tmp_path, capsys):
 
 def test_strict_fails_loudly_when_diagnostics_fail(tmp_path, capsys):
     # 20 draws per chain cannot reach a bulk ESS of 400.
-    code = fit_cli.main(["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--reruns", "0", "--starts", "45",
+    code = fit_cli.main([*SHORT_NUTS, "--starts", "45",
                          "--num-targets", "3", "--out", str(tmp_path), "--strict", "--no-figures"])
     out = capsys.readouterr().out
     assert code == 3 and "WARNING" in out and "failed its diagnostics" in out
@@ -96,7 +99,7 @@ def test_help_explains_the_options():
 
 
 def test_resume_reuses_finished_stages_only_when_inputs_match(tmp_path, capsys):
-    base = ["--posterior", "--chains", "2", "--warmup", "30", "--draws", "20", "--reruns", "0", "--starts", "45", "--num-targets", "3",
+    base = [*SHORT_NUTS, "--starts", "45", "--num-targets", "3",
             "--out", str(tmp_path), "--no-figures"]
     assert fit_cli.main(base) == 0
     first = json.loads((tmp_path / "summary.json").read_text())
