@@ -310,7 +310,7 @@ def run(
         scales = predictive_scales(post) if predictive else None
     at_bound = degenerate_coefficients(point.law)
     if at_bound and post is not None:
-        point, _ = point_for_decisions(point, post.laws)
+        point, _ = point_for_decisions(point, draws[0])  # the draws behind the bands: the median they report
         log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
             "term down); the point N* is the posterior median law's")
     elif at_bound:
