@@ -299,20 +299,27 @@ def solve_draft_size(
 
     problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
     leaves, treedef = jax.tree.flatten(problem)
-    leaves = jnp.broadcast_arrays(*as_float(*leaves))
-    dtype, shape = leaves[0].dtype, leaves[0].shape
-    problems = jax.tree.unflatten(treedef, [x.reshape(-1) for x in leaves])
+    leaves = as_float(*leaves)
+    dtype = leaves[0].dtype
     if tol is None:
-        tol = float(jnp.finfo(dtype).eps) ** 0.5
-    log_n_min = jnp.log(jnp.asarray(n_min, dtype))
+        tol = float(np.finfo(dtype).eps) ** 0.5
+    return _solve_broadcast(jax.tree.unflatten(treedef, leaves), jnp.asarray(n_min, dtype), num_grid=num_grid,
+                            max_steps=max_steps, tol=tol)
 
-    solution = _solve_flat(problems, log_n_min, num_grid=num_grid, max_steps=max_steps, tol=tol)
+
+# Compiled once per shapes, options and model types: tracing and compiling the vmapped while_loop
+# costs more than solving thousands of targets. Broadcasting and flattening happen inside, so a
+# first call compiles one program, not one per eager reshape.
+@functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
+def _solve_broadcast(problem: _Problem, n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
+    leaves, treedef = jax.tree.flatten(problem)
+    leaves = jnp.broadcast_arrays(*leaves)
+    shape = leaves[0].shape
+    problems = jax.tree.unflatten(treedef, [x.reshape(-1) for x in leaves])
+    solution = _solve_flat(problems, jnp.log(n_min), num_grid=num_grid, max_steps=max_steps, tol=tol)
     return jax.tree.map(lambda x: x.reshape(shape), solution)
 
 
-# Compiled once per shape, options and model types: tracing and compiling the vmapped while_loop
-# costs more than solving thousands of targets.
-@functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
     u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
