@@ -215,7 +215,7 @@ def _located_optimum_jvp(num_grid, max_steps, tol, primals, tangents):
     """Implicit function theorem at the root of ``g(u, p) = d log T / du``:
     ``du* = -(dg/dp . dp) / (dg/du)``. The iterations are never differentiated, and this rule is
     traced only when N* is differentiated (``jax.lax.custom_root`` traces its derivative on every
-    call, which doubled the solver's tracing time)."""
+    call, differentiated or not)."""
     p, log_n_min = primals
     dp, _ = tangents  # N* does not move with n_min where it is an interior maximum
     u, status, steps = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
