@@ -143,13 +143,9 @@ def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
     return _log_throughput_and_acceptance(u, p)[0]
 
 
-def _solve_one(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
-    """Scalar solve; returns (u*, status, steps), u* differentiable by the implicit function theorem."""
-    return _located_optimum(p, log_n_min, num_grid, max_steps, tol)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
+    """Scalar solve; returns (u*, status, steps), u* differentiable by the implicit function theorem."""
     log_m = jnp.log(p.m)
     grid = jnp.linspace(log_n_min, log_m, num_grid)
     f_grid, alpha_grid = jax.vmap(_log_throughput_and_acceptance, (0, None))(grid, p)
@@ -321,7 +317,7 @@ def _solve_broadcast(problem: _Problem, n_min, *, num_grid: int, max_steps: int,
 
 
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
-    u, status, steps = jax.vmap(_solve_one, (0, None, None, None, None))(
+    u, status, steps = jax.vmap(_located_optimum, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
     )
     ok = status == SolveStatus.SUCCESS

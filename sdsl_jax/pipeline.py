@@ -309,13 +309,11 @@ def run(
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None
     at_bound = degenerate_coefficients(point.law)
+    # Without a posterior the report warns instead (report.add_data_checks): there is no law to replace it with.
     if at_bound and post is not None:
         point, _ = point_for_decisions(point, draws[0])  # the draws behind the bands: the median they report
         log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
             "term down); the point N* is the posterior median law's")
-    elif at_bound:
-        log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
-            "term down): its N* is an artefact of where the optimiser stopped; run with --posterior")
     log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
         + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,
