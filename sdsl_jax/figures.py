@@ -196,3 +196,45 @@ def fit_figures(out: str, result, *, runs, acceptance, d_target: float, recipe: 
         made.append(acceptance_figure(os.path.join(out, "acceptance_plane.png"), acceptance, point.plane,
                                       model_name=point.acceptance_model.name, caption=caption))
     return made
+
+
+def rank_histogram_figure(path: str, studies: dict[str, Any], *, caption: str) -> str:
+    """SBC rank histograms: one row per study (:class:`sdsl_jax.validation.calibration.SBCResult`),
+    one panel per parameter, with the band a uniform histogram stays in 99% of the time per bin."""
+    from scipy import stats
+
+    width = max(len(s.sites) for s in studies.values())
+    fig = Figure(figsize=(1.6 * width, 1.5 * len(studies)))
+    axes = fig.subplots(len(studies), width, squeeze=False)
+    for row, (name, study) in zip(axes, studies.items()):
+        for ax in row[len(study.sites):]:
+            ax.set_axis_off()
+        for ax, test in zip(row, study.tests):
+            total, bins = int(test.counts.sum()), len(test.counts)
+            lo, hi = stats.binom.ppf([0.005, 0.995], total, 1 / bins)
+            ax.axhspan(lo, hi, color="0.88")
+            ax.bar(np.arange(bins), test.counts, width=1.0, color="C3" if test.p_value < 0.01 else "C0")
+            ax.set_title(f"{name}: {test.site}\np = {test.p_value:.2g}", fontsize=7)
+            ax.set_xticks([])
+            ax.tick_params(labelsize=6)
+    fig.tight_layout()
+    return save_figure(fig, path, caption)
+
+
+def n_star_coverage_figure(intervals: dict[str, list], path: str) -> None:
+    """Each dataset's 90% band on N* against the truth it should cover, one panel per claim."""
+    fig = Figure(figsize=(10, 3.6))
+    for ax, (name, rows) in zip(fig.subplots(1, len(intervals), squeeze=False)[0], intervals.items()):
+        rows = sorted(rows, key=lambda r: r[2] / np.sqrt(r[0] * r[1]))
+        for i, (lo, hi, truth) in enumerate(rows):
+            centre = np.sqrt(lo * hi)
+            inside = lo <= truth <= hi
+            ax.plot([i, i], [lo / centre, hi / centre], color="C0" if inside else "C3", lw=1.2)
+            ax.plot(i, truth / centre, "k." if inside else "rx", ms=4)
+        covered = np.mean([lo <= t <= hi for lo, hi, t in rows])
+        ax.set_yscale("log")
+        ax.set_title(f"{name}: {covered:.2f} of {len(rows)} covered", fontsize=9)
+        ax.set_xlabel("synthetic ladder (sorted by truth within its band)")
+        ax.set_ylabel("N* / band centre")
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

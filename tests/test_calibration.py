@@ -2,7 +2,7 @@
 `python -m experiments.calibration`; its own module, so that under `make test`'s per-module
 distribution it runs beside the other Bayesian tests instead of after them)."""
 
-from experiments.calibration import n_star_coverage, plane_coverage
+from sdsl_jax.validation.calibration import n_star_coverage, plane_coverage
 
 
 def test_calibration_of_90_percent_intervals():

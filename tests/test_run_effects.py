@@ -6,7 +6,7 @@ import pytest
 
 from sdsl_jax import SDSL2026, ResidualAcceptance, compare, infer, pipeline, predict, solve_draft_size
 from sdsl_jax.data import load_pretraining, save_pretraining
-from experiments.calibration import TRUE_LAW, TRUE_RUN_SLOPE_SD, synthetic_ladder
+from sdsl_jax.validation.calibration import TRUE_LAW, TRUE_RUN_SLOPE_SD, synthetic_ladder
 
 jax.config.update("jax_enable_x64", True)
 

@@ -75,7 +75,7 @@ def bench_loss_law_fit(scipy_starts: int, repeats: int) -> list[dict]:
 
 
 def bench_calibration(datasets: int) -> list[dict]:
-    from experiments.calibration import loss_law_coverage, n_star_coverage, plane_coverage
+    from sdsl_jax.validation.calibration import loss_law_coverage, n_star_coverage, plane_coverage
 
     rows = []
     for name, fn in (("plane", plane_coverage), ("loss law", loss_law_coverage)):
@@ -103,7 +103,7 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
     One chain, 150 warm-up + 250 draws, on 40-pair plane datasets and on the synthetic ladders
     with per-run effects; the first run of each side (compilation) is reported separately.
     """
-    from experiments.calibration import TRUE_LAW, synthetic_ladder
+    from sdsl_jax.validation.calibration import TRUE_LAW, synthetic_ladder
     from sdsl_jax import SDSL2026, infer
 
     rng = np.random.default_rng(0)

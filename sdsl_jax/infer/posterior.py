@@ -30,6 +30,7 @@ from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
 __all__ = [
     "sample_loss_law",
+    "loss_law_numpyro_model",
     "rerun_until_checked",
     "DATA_CENTRE_KEYS",
     "pointwise_log_likelihood",
@@ -101,10 +102,7 @@ def sample_loss_law(
     a result owes to the priors.
     """
     log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    if run is not None:
-        run = _group_index(run, np.shape(loss), "run must hold one non-negative integer per row "
-                                                "(PretrainingRuns.run_index())")
-    model, args = _loss_law_model(family, log_n, log_d, run)
+    model, args = loss_law_numpyro_model(family, n_params, n_tokens, run=run)
     args = (*args, log_loss)
 
     out = _sample_checked(model, args, var_names=loss_law_sites(family, run_effects=run is not None),
@@ -153,6 +151,17 @@ def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun],
         out = attempt(num_warmup, num_samples, target_accept, seed + 1000 * k)
         out = out._replace(diagnostics=out.diagnostics._replace(attempts=k + 1))
     return out
+
+
+def loss_law_numpyro_model(family: LossLawFamily, n_params: ArrayLike, n_tokens: ArrayLike, *,
+                           run: ArrayLike | None = None) -> tuple[Callable, tuple]:
+    """The NumPyro model :func:`sample_loss_law` samples for runs (N, D), and its arguments before the
+    observed ``log_loss``: the design, for prior-predictive simulation (calibration) and likelihoods."""
+    log_n, log_d = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens))
+    if run is not None:
+        run = _group_index(run, np.shape(log_n), "run must hold one non-negative integer per row "
+                                                 "(PretrainingRuns.run_index())")
+    return _loss_law_model(family, log_n, log_d, run)
 
 
 def _loss_law_model(family: LossLawFamily, log_n, log_d, run) -> tuple[Callable, tuple]:

@@ -14,8 +14,11 @@ holdout          each model size held out in turn: coverage of the predictive ba
                  leave-one-size-out log densities, stacking weights over the laws
 wallclock        the wall-clock closure: a latency model fitted from timed calls against measured
                  speedups, per run and per target
+calibration      simulation-based calibration (rank of the truth among posterior draws) of any model's
+                 fit, and of each loss-law family on a ladder's design; coverage of 90% intervals
+                 and of N* bands on synthetic data
 ===============  ======================================================================================
 
 The commands ``python -m experiments.closure``, ``experiments.holdout`` and ``experiments.wallclock``
-run them on a ladder.
+run them on a ladder; ``experiments.calibration`` runs the calibration studies.
 """

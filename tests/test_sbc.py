@@ -1,0 +1,144 @@
+"""Simulation-based calibration (`sdsl_jax.validation.calibration`): the rank test against SciPy, the
+study against an exact conjugate posterior (it must pass) and an overconfident one (it must fail),
+resuming, and the loss-law wiring. The full study over the ladder's design: `python -m
+experiments.calibration --only sbc` (docs/benchmarks.md)."""
+
+import json
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from scipy import stats
+
+from sdsl_jax.infer.models import loss_law_sites
+from sdsl_jax.infer.posterior import loss_law_numpyro_model
+from sdsl_jax.loss_laws import FAMILIES
+from sdsl_jax.validation.calibration import (loss_law_sbc, prior_datasets, rank_of_truth, rank_uniformity,
+                                             simulation_based_calibration)
+
+ROWS = 5
+
+
+def normal_mean_model(design, y=None):
+    """mu ~ N(0, 1), y_i ~ N(mu, 1): the posterior of mu is N(sum y / (n + 1), 1 / (n + 1))."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("rows", design.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def exact_fit(scale: float = 1.0, calls: list | None = None):
+    """Draws of the exact posterior of mu, its sd multiplied by ``scale`` (1: exact)."""
+    def fit(y, seed):
+        if calls is not None:
+            calls.append(seed)
+        rng = np.random.default_rng(seed)
+        mean, sd = y.sum() / (y.size + 1), scale / np.sqrt(y.size + 1)
+        return {"mu": mean + sd * rng.standard_normal(400)}, ()
+    return fit
+
+
+def study(fit, datasets=300, **kw):
+    return simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), fit, obs_site="y", sites=("mu",),
+                                        datasets=datasets, seed=3, **kw)
+
+
+def test_rank_uniformity_is_scipys_chi_square_on_equal_bins():
+    rng = np.random.default_rng(0)
+    ranks = rng.integers(0, 100, 500)
+    counts, chi2, p = rank_uniformity(ranks, 99, bins=10)
+    np.testing.assert_array_equal(counts, np.histogram(ranks, bins=np.arange(0, 101, 10))[0])
+    assert (chi2, p) == pytest.approx(tuple(stats.chisquare(counts)))
+    assert p > 0.01
+    u_shape = np.concatenate([rng.integers(0, 10, 250), rng.integers(90, 100, 250)])
+    assert rank_uniformity(u_shape, 99, bins=10)[2] < 1e-10
+    with pytest.raises(ValueError, match="equal bins"):
+        rank_uniformity(ranks, 98, bins=10)
+    with pytest.raises(ValueError, match=r"ranks must lie in \[0, 99\]"):
+        rank_uniformity(np.array([100]), 99, bins=10)
+
+
+def test_rank_of_truth_counts_evenly_thinned_draws_below_it():
+    draws = np.arange(1000.0)
+    # The kept draws are round(k 999 / 98) for k = 0..98: 0, 10, 20, 31, ..., 500 (k = 49), 510, ..., 999.
+    assert rank_of_truth(draws, 505.0, keep=99) == 50
+    assert rank_of_truth(draws, 500.0, keep=99) == 49
+    assert rank_of_truth(draws, -1.0, keep=99) == 0 and rank_of_truth(draws, 1e9, keep=99) == 99
+    with pytest.raises(ValueError, match="cannot be thinned to 99"):
+        rank_of_truth(np.arange(50.0), 0.0, keep=99)
+
+
+def test_an_exact_posterior_passes_and_an_overconfident_one_fails():
+    exact = study(exact_fit())
+    assert exact.ranks.shape == (300, 1) and exact.num_draws == 99
+    assert exact.min_p_value() > 0.01, exact.tests
+    # Half the posterior's width: true values fall outside the draws, ranks pile at both ends.
+    narrow = study(exact_fit(0.5))
+    assert narrow.min_p_value() < 1e-6, narrow.tests
+    counts = narrow.tests[0].counts
+    assert counts[0] + counts[-1] > 3 * counts[4:6].sum() / 2
+
+
+def test_a_study_resumes_from_its_finished_datasets(tmp_path):
+    stage = str(tmp_path / "sbc.jsonl")
+    first_calls, second_calls = [], []
+    first = study(exact_fit(calls=first_calls), datasets=12, stage_path=stage)
+    # A run killed while writing its last line: that dataset is fitted again, the others are not.
+    lines = open(stage).read().splitlines()
+    with open(stage, "w") as f:
+        f.write("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    again = study(exact_fit(calls=second_calls), datasets=12, stage_path=stage)
+    assert len(first_calls) == 12 and second_calls == [3 + 11]
+    np.testing.assert_array_equal(first.ranks, again.ranks)
+    # Another seed is another study: nothing of this one is reused.
+    other_calls = []
+    simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), exact_fit(calls=other_calls), obs_site="y",
+                                 sites=("mu",), datasets=2, seed=4, stage_path=stage)
+    assert len(other_calls) == 2
+    assert all(json.loads(line)["sites"] == ["mu"] for line in open(stage).read().splitlines()[12:])
+
+
+def test_prior_datasets_names_a_site_the_model_lacks():
+    with pytest.raises(ValueError, match=r"no site\(s\) \['sigma'\]"):
+        prior_datasets(normal_mean_model, (np.zeros(ROWS),), obs_site="y", sites=("mu", "sigma"), count=2, seed=0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_loss_law_family_simulates_what_its_posterior_ranks(family):
+    """The wiring of :func:`loss_law_sbc`: the prior of each family's hierarchical model yields every
+    site the study ranks, and log losses of the design's shape, finite."""
+    n = np.repeat([2e4, 5e4, 1e5, 3e5], 3)
+    d = n * np.tile([5.0, 10.0, 20.0], 4)
+    run = np.repeat(np.arange(4), 3).astype(np.int32)
+    model, args = loss_law_numpyro_model(FAMILIES[family], n, d, run=run)
+    sites = loss_law_sites(FAMILIES[family], run_effects=True)
+    truths, data = prior_datasets(model, args, obs_site="log_loss", sites=sites, count=20, seed=0)
+    assert set(truths) == set(sites) and data.shape == (20, n.size)
+    assert np.isfinite(data).all() and all(np.isfinite(v).all() for v in truths.values())
+
+
+@pytest.mark.slow
+def test_loss_law_sbc_runs_nuts_on_a_ladder_design():
+    """End to end on a small design (slow: one NUTS compilation; the machinery is covered above)."""
+    jax.config.update("jax_enable_x64", True)
+    n = np.repeat([2e4, 5e4, 1e5, 3e5], 3)
+    d = n * np.tile([5.0, 10.0, 20.0], 4)
+    run = np.repeat(np.arange(4), 3).astype(np.int32)
+    out = loss_law_sbc(FAMILIES["chinchilla"], n, d, run=run, datasets=3, num_chains=1, num_warmup=100,
+                       num_samples=100, keep=9)
+    assert out.ranks.shape == (3, len(out.sites)) and out.ranks.min() >= 0 and out.ranks.max() <= 9
+    assert len(out.failed_checks) == 3
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--only", "sbc"], "--only sbc needs --out DIR"),
+    (["--only", "sbc", "--families", "chinchilla,cubic", "--out", "OUT"], "--families: unknown ['cubic']"),
+])
+def test_the_sbc_command_refuses_what_it_cannot_run(args, fragment, tmp_path, capsys):
+    from experiments import calibration
+
+    out = tmp_path / "out"
+    assert calibration.main([str(out) if a == "OUT" else a for a in args]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not out.exists()
