@@ -36,8 +36,8 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
 
     With ``run_effects`` the hierarchical posterior (:func:`sdsl_jax.infer.models.run_effects_model_for`):
     the held-out runs are one NEW run, so each draw gives them one shared intercept and slope in
-    log D (Monte Carlo over the draws) on top of their Student-t residuals. ``checks_passed``: whether
-    the fold's posterior passed its checks (a law with a failed fold gets no stacking weight).
+    log D (Monte Carlo over the draws) on top of their Student-t residuals. ``problems``: the checks
+    the fold's posterior failed, empty when it passed (a law with a failed fold gets no stacking weight).
     """
     from sdsl_jax import infer, fit_loss_law
 
@@ -64,7 +64,7 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     lo_mean, hi_mean = np.quantile(law_mean, [0.05, 0.95], axis=0)  # the law's mean curve alone
     point_pred = np.asarray(family.log_prediction(point.theta, np.log(test.n_params), np.log(test.n_tokens)))
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
-                error=point_pred - y, checks_passed=bool(post.diagnostics.ok))
+                error=point_pred - y, problems=tuple(post.diagnostics.problems))
 
 
 def _posterior_effects(samples: dict, role: str, train_labels, test_labels, rng) -> np.ndarray:
@@ -163,7 +163,9 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=4, warmup=500, d
         if folds is None:
             continue
         record["laws"][name] = _summary(folds, sizes)
-        record["laws"][name]["failed_checks"] = [f"{s:.6g}" for s in sizes if not folds[s]["checks_passed"]]
+        record["laws"][name]["failed_checks"] = [f"{s:.6g}" for s in sizes if folds[s]["problems"]]
+        record["laws"][name]["fold_problems"] = {f"{s:.6g}": list(folds[s]["problems"]) for s in sizes
+                                                 if folds[s]["problems"]}
         pointwise[name] = np.concatenate([folds[s]["log_density"] for s in sizes])
     if len(pointwise) > 1:
         failed = [name for name in pointwise if record["laws"][name]["failed_checks"]]
@@ -198,10 +200,12 @@ def holdout_markdown(record: dict) -> str:
         lines.append(f"| {name} | {r['coverage_90']:.2f} ({r['coverage_90_mean_only']:.2f}) of {r['held_out_points']} | "
                      f"{r['log_predictive_density']:.1f} | {r['forward_extrapolation']['rmse']:.3f} | "
                      f"{weights.get(name, float('nan')):.2f} |")
-    failed = {name: r["failed_checks"] for name, r in record["laws"].items() if r.get("failed_checks")}
+    failed = {name: r["fold_problems"] for name, r in record["laws"].items() if r.get("fold_problems")}
     if failed:
-        lines.append("\nPosteriors that failed their checks (sizes held out; a law with one gets no stacking weight): "
-                     + "; ".join(f"{name}: {', '.join(sizes)}" for name, sizes in failed.items()) + ".")
+        lines += ["", "Posteriors that failed their checks (a law with one gets no stacking weight):", "",
+                  "| law | size held out | failed checks |", "|---|---|---|"]
+        lines += [f"| {name} | {size} | {'; '.join(problems)} |"
+                  for name, folds in failed.items() for size, problems in folds.items()]
     if "stacked_log_predictive_density" in record:
         lines.append(f"\nStacked mixture: grouped LOSO log density {record['stacked_log_predictive_density']:.1f}.")
     if record["acceptance_models"]:
