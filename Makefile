@@ -2,8 +2,9 @@
 # make test:    install if needed, then run the test suite (slow tests excluded).
 # make test-all: the whole suite, slow tests included, under XLA's default CPU emitters.
 # make fit:     install if needed, then fit the shipped data with posteriors (out/fit/).
-# make bench:   install if needed, then run the benchmarks and print the ratios, and the held-out study of the
-#               forms on the ladder (fits/ladder/holdout/ holds the committed run).
+# make bench:   install if needed, then run the benchmarks and print the ratios, the held-out study of the
+#               forms on the ladder (fits/ladder/holdout/ holds the committed run), and the simulation-based
+#               calibration of the loss-law families (fits/calibration/sbc.json; resumable).
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
 #               (about 60 minutes on 2 CPU cores; resumable: rerun after an interruption).
@@ -44,6 +45,7 @@ fit: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m experiments.bench
 	$(PY) -m experiments.holdout --data fits/ladder --out out/holdout
+	$(PY) -m experiments.calibration --only sbc --datasets 100 --out out/calibration
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,notebooks]"

@@ -26,6 +26,8 @@ import jax
 import numpy as np
 
 STUDIES = ("plane", "loss-law", "n-star", "sbc")
+SBC_CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
+"""The posterior checks counted apart in sbc.json (their wording in ``sdsl_jax.infer.check_diagnostics``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +122,10 @@ def _sbc(args, families: list[str], command: str) -> dict:
             sites=list(study.sites), num_draws=study.num_draws, min_p_value=study.min_p_value(),
             tests={t.site: dict(p_value=t.p_value, chi_square=t.chi_square, counts=t.counts.tolist())
                    for t in study.tests},
-            datasets_failing_checks=failed, ranks=study.ranks.tolist(), seconds=time.perf_counter() - start)
+            datasets_failing_checks=failed, failing_by_check={
+                check: sum(1 for problems in study.failed_checks if any(check in p for p in problems))
+                for check in SBC_CHECKS},
+            ranks=study.ranks.tolist(), seconds=time.perf_counter() - start)
         print(f"sbc: {name}: chi-square p per parameter " + ", ".join(f"{t.site} {t.p_value:.3f}" for t in study.tests)
               + f"; {failed} of {args.datasets} posteriors failed a check", flush=True)
     rank_histogram_figure(os.path.join(args.out, "sbc.png"), results, caption=command)

@@ -91,11 +91,12 @@ def test_a_study_resumes_from_its_finished_datasets(tmp_path):
     again = study(exact_fit(calls=second_calls), datasets=12, stage_path=stage)
     assert len(first_calls) == 12 and second_calls == [3 + 11]
     np.testing.assert_array_equal(first.ranks, again.ranks)
-    # Another seed is another study: nothing of this one is reused.
+    # Another seed or count is another study (the prior draws differ): nothing of this one is reused.
     other_calls = []
-    simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), exact_fit(calls=other_calls), obs_site="y",
-                                 sites=("mu",), datasets=2, seed=4, stage_path=stage)
-    assert len(other_calls) == 2
+    for seed, datasets in ((4, 2), (3, 13)):
+        simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), exact_fit(calls=other_calls), obs_site="y",
+                                     sites=("mu",), datasets=datasets, seed=seed, stage_path=stage)
+    assert len(other_calls) == 2 + 13
     assert all(json.loads(line)["sites"] == ["mu"] for line in open(stage).read().splitlines()[12:])
 
 

@@ -139,21 +139,24 @@ def simulation_based_calibration(
         with seed ``seed + i``); the same arguments give the same study.
       keep, bins: the thinned draws per rank (``L``) and the chi-square's bins.
       stage_path: a JSON-lines file of finished datasets: a rerun with the same arguments fits
-        only the datasets not in it.
+        only the datasets not in it (another seed, count, ``keep`` or set of sites is another study).
       log: receives a line per dataset.
     """
     truths, data = prior_datasets(model, model_args, obs_site=obs_site, sites=sites, count=datasets, seed=seed)
     done = {}
     if stage_path is not None:
         for unit in read_stage_lines(stage_path, warn=log):
-            if unit.get("seed") == seed and unit.get("keep") == keep and unit.get("sites") == list(sites):
+            # The prior draws depend on their count as well as the seed: only the same study is reused.
+            if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites")) == (seed, datasets, keep,
+                                                                                                 list(sites)):
                 done[unit["dataset"]] = unit
     for i in range(datasets):
         if i in done:
             continue
         samples, problems = fit(data[i], seed + i)
         ranks = [rank_of_truth(samples[s], truths[s][i], keep=keep) for s in sites]
-        done[i] = dict(dataset=i, seed=seed, keep=keep, sites=list(sites), ranks=ranks, problems=list(problems))
+        done[i] = dict(dataset=i, seed=seed, datasets=datasets, keep=keep, sites=list(sites), ranks=ranks,
+                       problems=list(problems))
         if stage_path is not None:
             append_stage_line(stage_path, done[i])
         if log is not None:
