@@ -44,8 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--design", default="fits/ladder/pretraining.csv",
                         help="sbc: the runs whose (N, D) and training runs the data are simulated at "
                              "(default fits/ladder/pretraining.csv)")
-    parser.add_argument("--out", metavar="DIR", help="also write calibration.json and the figures (n_star_coverage.png, "
-                                                     "sbc.png); sbc keeps its finished datasets in DIR/stages/")
+    parser.add_argument("--acceptance", default="",
+                        help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
+                             "default none), on the pairs of --acceptance-design")
+    parser.add_argument("--acceptance-design", default="fits/ladder/acceptance.csv",
+                        help="sbc: the pairs whose perplexities, weights and models the alphas are simulated "
+                             "at, with per-model effects where the pairs identify them "
+                             "(default fits/ladder/acceptance.csv)")
+    parser.add_argument("--out", metavar="DIR", help="also write calibration.json and the figures "
+                                                     "(n_star_coverage.png, sbc.png); sbc keeps its finished "
+                                                     "datasets in DIR/stages/")
     args = parser.parse_args(argv)
     from experiments.runlog import run_command
 
@@ -60,10 +68,16 @@ def calibrate(args, argv) -> int:
 
     if args.datasets < 1:
         raise UsageError(f"--datasets must be at least 1, got {args.datasets}")
-    families = [f for f in args.families.split(",") if f]
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+
+    families = [f for f in args.families.split(",") if f and f != "none"]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        raise UsageError(f"--families: unknown {unknown}; choose from {sorted(FAMILIES)}")
+        raise UsageError(f"--families: unknown {unknown}; choose from {sorted(FAMILIES)} or none")
+    acceptance = [m for m in args.acceptance.split(",") if m]
+    unknown = [m for m in acceptance if m not in ACCEPTANCE_MODELS]
+    if unknown:
+        raise UsageError(f"--acceptance: unknown {unknown}; choose from {sorted(ACCEPTANCE_MODELS)}")
     if args.only == "sbc" and not args.out:
         raise UsageError("--only sbc needs --out DIR (its finished datasets are kept there, so that it can resume)")
     if args.out:
@@ -73,7 +87,7 @@ def calibrate(args, argv) -> int:
     for name in [n for n in STUDIES if args.only == n or (args.only is None and n != "sbc")]:
         start = time.perf_counter()
         if name == "sbc":
-            record["studies"]["sbc"] = _sbc(args, families, command)
+            record["studies"]["sbc"] = _sbc(args, families, acceptance, command)
             continue
         if name == "n-star":
             cov, intervals = calibration.n_star_coverage(args.datasets, seed=args.seed, return_intervals=True,
@@ -99,26 +113,49 @@ def calibrate(args, argv) -> int:
     return 0
 
 
-def _sbc(args, families: list[str], command: str) -> dict:
-    """SBC of each family on the design; the per-site tests as a record, the rank histograms as a figure."""
-    from sdsl_jax.data import load_pretraining
+def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict:
+    """SBC of each family and acceptance model on its design; the per-site tests as a record, the rank
+    histograms as a figure."""
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.data import load_acceptance, load_pretraining
     from sdsl_jax.figures import rank_histogram_figure
     from sdsl_jax.loss_laws import FAMILIES
-    from sdsl_jax.validation.calibration import loss_law_sbc
+    from sdsl_jax.validation.calibration import acceptance_sbc, loss_law_sbc
 
-    runs = load_pretraining(args.design)
-    run, _ = runs.run_index()
     os.makedirs(os.path.join(args.out, "stages"), exist_ok=True)
     results, record = {}, dict(design=args.design, families={})
-    for name in families:
+    studies = []
+    if families:
+        runs = load_pretraining(args.design)
+        run, _ = runs.run_index()
+        def law_study(name, **kw):
+            return loss_law_sbc(FAMILIES[name], runs.n_params, runs.n_tokens, run=run, **kw)
+
+        studies += [(name, "families", f"{len(runs.n_params)} runs of {args.design}", law_study) for name in families]
+    if acceptance:
+        pairs = load_acceptance(args.acceptance_design)
+        effects, why = pairs.model_effects_identified()
+        groups = {}
+        if effects:
+            draft, _, target, _ = pairs.model_index()
+            groups = dict(draft=draft, target=target)
+        record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=effects)
+        def acceptance_study(name, **kw):
+            return acceptance_sbc(ACCEPTANCE_MODELS[name], pairs.ppl_draft, pairs.ppl_target,
+                                  weights=pairs.regression_weights(), **groups, **kw)
+
+        design = (f"{len(pairs.alpha)} pairs of {args.acceptance_design} (per-model effects "
+                  f"{'on' if effects else 'off'}: {why})")
+        studies += [(name, "acceptance_models", design, acceptance_study) for name in acceptance]
+    for name, kind, design, run_study in studies:
         start = time.perf_counter()
-        print(f"sbc: {name}, {args.datasets} datasets on {len(runs.n_params)} runs of {args.design}", flush=True)
-        results[name] = study = loss_law_sbc(
-            FAMILIES[name], runs.n_params, runs.n_tokens, run=run, datasets=args.datasets, seed=args.seed,
-            stage_path=os.path.join(args.out, "stages", f"sbc-{name}.jsonl"),
-            log=lambda line: print(line, flush=True))
+        print(f"sbc: {name}, {args.datasets} datasets on {design}", flush=True)
+        stage = f"sbc-{name}.jsonl" if kind == "families" else f"sbc-acceptance-{name}.jsonl"
+        results[name] = study = run_study(name, datasets=args.datasets, seed=args.seed,
+                                          stage_path=os.path.join(args.out, "stages", stage),
+                                          log=lambda line: print(line, flush=True))
         failed = sum(1 for p in study.failed_checks if p)
-        record["families"][name] = dict(
+        record[kind][name] = dict(
             sites=list(study.sites), num_draws=study.num_draws, min_p_value=study.min_p_value(),
             tests={t.site: dict(p_value=t.p_value, chi_square=t.chi_square, counts=t.counts.tolist())
                    for t in study.tests},

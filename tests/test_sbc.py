@@ -12,8 +12,9 @@ import numpyro.distributions as dist
 import pytest
 from scipy import stats
 
-from sdsl_jax.infer.models import loss_law_sites
-from sdsl_jax.infer.posterior import loss_law_numpyro_model
+from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+from sdsl_jax.infer.models import MODEL_EFFECT_SITES, PLANE_SITES, loss_law_sites
+from sdsl_jax.infer.posterior import acceptance_numpyro_model, loss_law_numpyro_model
 from sdsl_jax.loss_laws import FAMILIES
 from sdsl_jax.validation.calibration import (loss_law_sbc, prior_datasets, rank_of_truth, rank_uniformity,
                                              simulation_based_calibration)
@@ -117,6 +118,20 @@ def test_every_loss_law_family_simulates_what_its_posterior_ranks(family):
     truths, data = prior_datasets(model, args, obs_site="log_loss", sites=sites, count=20, seed=0)
     assert set(truths) == set(sites) and data.shape == (20, n.size)
     assert np.isfinite(data).all() and all(np.isfinite(v).all() for v in truths.values())
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTANCE_MODELS))
+def test_every_acceptance_model_simulates_what_its_posterior_ranks(name):
+    """The wiring of :func:`acceptance_sbc`, with per-model effects: every site it ranks, and alphas
+    of the design's shape inside [0, 1]."""
+    drafts, targets = np.repeat(np.arange(4), 3), np.tile(np.arange(3), 4)
+    x, y = 20.0 - 3.0 * drafts, 9.0 - 2.0 * targets
+    model, args = acceptance_numpyro_model(ACCEPTANCE_MODELS[name], x, y, draft=drafts.astype(np.int32),
+                                           target=targets.astype(np.int32))
+    sites = PLANE_SITES + MODEL_EFFECT_SITES
+    truths, alpha = prior_datasets(model, args, obs_site="alpha_obs", sites=sites, count=20, seed=0)
+    assert set(truths) == set(sites) and alpha.shape == (20, x.size)
+    assert ((alpha >= 0) & (alpha <= 1)).all() and all(np.isfinite(v).all() for v in truths.values())
 
 
 @pytest.mark.slow

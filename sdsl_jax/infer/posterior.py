@@ -37,6 +37,7 @@ __all__ = [
     "Identification",
     "identification",
     "sample_plane",
+    "acceptance_numpyro_model",
     "acceptance_pointwise_log_likelihood",
     "laws_from_posterior",
     "planes_from_posterior",
@@ -283,6 +284,16 @@ def sample_plane(
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
                            retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress,
                            prior_width=prior_width)
+
+
+def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike, *,
+                             weights: ArrayLike | None = None, draft: ArrayLike | None = None,
+                             target: ArrayLike | None = None) -> tuple[Callable, tuple]:
+    """The NumPyro model :func:`sample_plane` samples for these pairs, and its arguments before the
+    observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods."""
+    x, y = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target))
+    w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, jnp.float64)
+    return _plane_model(model, x, y, w, draft, target, np.shape(ppl_draft))
 
 
 def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:

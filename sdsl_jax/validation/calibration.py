@@ -13,7 +13,8 @@ the autocorrelation of a Markov chain does not make ranks lumpy (their Sec. 5).
 * :func:`rank_uniformity` -- the chi-square test of ranks binned into equal groups.
 * :func:`simulation_based_calibration` -- the whole study for any model and fit, resumable one
   dataset at a time (:func:`sdsl_jax.store.append_stage_line`), as a typed :class:`SBCResult`;
-  :func:`loss_law_sbc` runs it for a loss-law family on a ladder's design.
+  :func:`loss_law_sbc` runs it for a loss-law family on a ladder's design, :func:`acceptance_sbc`
+  for an acceptance model on a design of pairs.
 
 Coverage at fixed true parameters, the older and coarser check: for each synthetic dataset drawn
 from the model's own likelihood (Chinchilla-like for the loss law, SDSL2026 for the plane), whether
@@ -41,8 +42,8 @@ from sdsl_jax.loss_laws import LossLaw
 from sdsl_jax.store import append_stage_line, read_stage_lines
 
 __all__ = ["RankTest", "SBCResult", "prior_datasets", "rank_of_truth", "rank_uniformity", "loss_law_sbc",
-           "simulation_based_calibration", "TRUE_LAW", "TRUE_RUN_SD", "TRUE_RUN_SLOPE_SD", "plane_coverage",
-           "loss_law_coverage", "synthetic_ladder", "n_star_coverage"]
+           "acceptance_sbc", "simulation_based_calibration", "TRUE_LAW", "TRUE_RUN_SD", "TRUE_RUN_SLOPE_SD",
+           "plane_coverage", "loss_law_coverage", "synthetic_ladder", "n_star_coverage"]
 
 
 class RankTest(NamedTuple):
@@ -160,7 +161,8 @@ def simulation_based_calibration(
         if stage_path is not None:
             append_stage_line(stage_path, done[i])
         if log is not None:
-            log(f"  dataset {i + 1}/{datasets}: ranks {ranks}" + (f"; failed: {'; '.join(problems)}" if problems else ""))
+            log(f"  dataset {i + 1}/{datasets}: ranks {ranks}"
+                + (f"; failed: {'; '.join(problems)}" if problems else ""))
     ranks = np.array([done[i]["ranks"] for i in range(datasets)], np.int64)
     tests = tuple(RankTest(s, *rank_uniformity(ranks[:, j], keep, bins=bins)) for j, s in enumerate(sites))
     return SBCResult(tuple(sites), ranks, keep, tests, tuple(tuple(done[i]["problems"]) for i in range(datasets)))
@@ -192,6 +194,36 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
                                         sites=loss_law_sites(family, run_effects=run is not None),
                                         datasets=datasets, seed=seed, keep=keep, bins=bins,
                                         stage_path=stage_path, log=log)
+
+
+def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weights: np.ndarray | None = None,
+                   draft: np.ndarray | None = None, target: np.ndarray | None = None, datasets: int, seed: int = 0,
+                   num_chains: int = 2, num_warmup: int = 300, num_samples: int = 1000, keep: int = 99, bins: int = 10,
+                   stage_path: str | None = None, log: Callable[[str], None] | None = None) -> SBCResult:
+    """SBC of an acceptance model's posterior (:func:`sdsl_jax.infer.sample_plane`) on a design of pairs.
+
+    The design is the pairs' perplexities and weights and, with ``draft`` and ``target`` (an integer
+    model per pair), the crossed per-model effects that the ladder's fits use; the alphas are
+    simulated from the model there. The coefficients A, B, C, the residual scale and the effects'
+    scales are ranked.
+    """
+    from sdsl_jax.infer.models import MODEL_EFFECT_SITES, PLANE_SITES
+    from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
+
+    numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
+                                                   target=target)
+    groups = {} if draft is None else dict(draft=draft, target=target)
+
+    def fit(alpha, fit_seed):
+        out = sample_plane(ppl_draft, ppl_target, alpha, weights=weights, model=model, num_chains=num_chains,
+                           num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False,
+                           **groups)
+        return out.samples, out.diagnostics.problems
+
+    sites = PLANE_SITES + (MODEL_EFFECT_SITES if draft is not None else ())
+    return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
+                                        datasets=datasets, seed=seed, keep=keep, bins=bins, stage_path=stage_path,
+                                        log=log)
 
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
