@@ -45,7 +45,7 @@ fit: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m experiments.bench
 	$(PY) -m experiments.holdout --data fits/ladder --out out/holdout
-	$(PY) -m experiments.calibration --only sbc --datasets 100 --out out/calibration
+	$(PY) -m experiments.calibration --only sbc --datasets 100 --acceptance-models plane --out out/calibration
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,notebooks]"

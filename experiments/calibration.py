@@ -8,7 +8,8 @@
 true parameters. ``n-star``: coverage of the 90% N* bands on synthetic ladders with run effects
 (the mean-curve band against the true law's N*, the predictive band against new models').
 ``sbc``: simulation-based calibration of every loss-law family's hierarchical posterior on the
-ladder's design (``--design``): parameters from the prior, data from the model, the rank of each
+ladder's design (``--design``), and of the acceptance models named by ``--acceptance-models`` on its
+pairs (``--acceptance-design``): parameters from the prior, data from the model, the rank of each
 true value among 99 thinned posterior draws, and a chi-square test of their uniformity; rank
 histograms in ``sbc.png``. SBC is resumable: finished datasets are kept in ``<out>/stages/`` and a
 rerun of the same command fits only the others. The studies are in
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--design", default="fits/ladder/pretraining.csv",
                         help="sbc: the runs whose (N, D) and training runs the data are simulated at "
                              "(default fits/ladder/pretraining.csv)")
-    parser.add_argument("--acceptance", default="",
+    parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
     parser.add_argument("--acceptance-design", default="fits/ladder/acceptance.csv",
@@ -74,10 +75,10 @@ def calibrate(args, argv) -> int:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise UsageError(f"--families: unknown {unknown}; choose from {sorted(FAMILIES)} or none")
-    acceptance = [m for m in args.acceptance.split(",") if m]
+    acceptance = [m for m in args.acceptance_models.split(",") if m]
     unknown = [m for m in acceptance if m not in ACCEPTANCE_MODELS]
     if unknown:
-        raise UsageError(f"--acceptance: unknown {unknown}; choose from {sorted(ACCEPTANCE_MODELS)}")
+        raise UsageError(f"--acceptance-models: unknown {unknown}; choose from {sorted(ACCEPTANCE_MODELS)}")
     if args.only == "sbc" and not args.out:
         raise UsageError("--only sbc needs --out DIR (its finished datasets are kept there, so that it can resume)")
     if args.out:

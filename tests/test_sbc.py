@@ -150,6 +150,7 @@ def test_loss_law_sbc_runs_nuts_on_a_ladder_design():
 @pytest.mark.parametrize("args, fragment", [
     (["--only", "sbc"], "--only sbc needs --out DIR"),
     (["--only", "sbc", "--families", "chinchilla,cubic", "--out", "OUT"], "--families: unknown ['cubic']"),
+    (["--only", "sbc", "--acceptance-models", "plane,cone", "--out", "OUT"], "--acceptance-models: unknown ['cone']"),
 ])
 def test_the_sbc_command_refuses_what_it_cannot_run(args, fragment, tmp_path, capsys):
     from experiments import calibration
