@@ -6,8 +6,8 @@
 
 Every committed result file records the command that made it (``command`` in its JSON). This reruns
 that command with ``--out`` in a temporary folder (without ``--resume``, so nothing committed is
-reused), then compares every number of the new JSON with the committed one (dates, versions, paths
-and commits aside) and prints, per result, the largest relative difference and whether it is within
+reused), then compares every number of the new JSON with the committed one (dates, versions, paths,
+commits and run times aside) and prints, per result, the largest relative difference and whether it is within
 ``--rtol``. Exit status 0 when every result compared reproduces, 1 when one does not.
 """
 
@@ -49,11 +49,12 @@ COMMITTED = (
     Committed("closure_forward", "fits/ladder/closure_forward/closure.json", False),
     Committed("holdout", "fits/ladder/holdout/holdout.json", False),
     Committed("elasticity", "fits/ladder/factorial/elasticity/elasticity.json", False),
+    Committed("sbc", "fits/calibration/sbc.json", False),
 )
 
 IGNORED = frozenset({"date", "versions", "command", "commit", "registered_commit", "machine", "machines", "path",
-                     "predictions", "out"})
-"""Fields that name when, where or with what a result was made, not what it says."""
+                     "predictions", "out", "seconds"})
+"""Fields that name when, where, how long or with what a result was made, not what it says."""
 
 
 def rerun_command(recorded: str, out: str) -> list[str]:
