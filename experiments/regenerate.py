@@ -7,8 +7,8 @@
 Every committed result file records the command that made it (``command`` in its JSON). This reruns
 that command with ``--out`` in a temporary folder (without ``--resume``, so nothing committed is
 reused), then compares every number of the new JSON with the committed one (dates, versions, paths,
-commits and run times aside) and prints, per result, the largest relative difference and whether it is within
-``--rtol``. Exit status 0 when every result compared reproduces, 1 when one does not.
+commits and run times aside) and prints, per result, the largest relative difference and whether it
+is within ``--rtol``. Exit status 0 when every result compared reproduces, 1 when one does not.
 """
 
 from __future__ import annotations
