@@ -159,17 +159,10 @@ def loss_law_numpyro_model(family: LossLawFamily, n_params: ArrayLike, n_tokens:
     """The NumPyro model :func:`sample_loss_law` samples for runs (N, D), and its arguments before the
     observed ``log_loss``: the design, for prior-predictive simulation (calibration) and likelihoods."""
     log_n, log_d = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens))
-    if run is not None:
-        run = _group_index(run, np.shape(log_n), "run must hold one non-negative integer per row "
-                                                 "(PretrainingRuns.run_index())")
-    return _loss_law_model(family, log_n, log_d, run)
-
-
-def _loss_law_model(family: LossLawFamily, log_n, log_d, run) -> tuple[Callable, tuple]:
-    """The loss law's NumPyro model and its arguments before ``log_loss``: i.i.d. rows, or per-run effects."""
     if run is None:
         return loss_law_model_for(family), (log_n, log_d)
-    run = np.asarray(run)
+    run = _group_index(run, np.shape(log_n), "run must hold one non-negative integer per row "
+                                             "(PretrainingRuns.run_index())")
     return run_effects_model_for(family), (log_n, log_d, jnp.asarray(run), jnp.zeros(int(run.max(initial=-1)) + 1))
 
 
@@ -180,8 +173,8 @@ def pointwise_log_likelihood(samples: dict[str, np.ndarray], family: LossLawFami
     The model is the one :func:`sample_loss_law` sampled (with per-run effects when ``run`` is
     given, each row then conditioned on its run's own effects). Input of PSIS-LOO and stacking.
     """
-    log_n, log_d, log_loss = (jnp.log(jnp.asarray(v, jnp.float64)) for v in (n_params, n_tokens, loss))
-    model, args = _loss_law_model(family, log_n, log_d, run)
+    model, args = loss_law_numpyro_model(family, n_params, n_tokens, run=run)
+    log_loss = jnp.log(jnp.asarray(loss, jnp.float64))
     sites = {k: jnp.asarray(v).reshape(-1, *np.shape(v)[1:]) for k, v in samples.items()
              if k not in DATA_CENTRE_KEYS}
     with jax.numpy_dtype_promotion("standard"):
@@ -275,9 +268,9 @@ def sample_plane(
     with few targets their effects' scale sits near zero, where only small steps avoid
     divergences.
     """
-    x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
-    w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
-    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
+                                                   target=target)
+    a = jnp.asarray(alpha, jnp.float64)
     var_names, dense = (PLANE_SITES, False) if draft is None else (PLANE_SITES + MODEL_EFFECT_SITES, True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
                            target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
@@ -293,20 +286,14 @@ def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_t
     observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods."""
     x, y = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target))
     w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, jnp.float64)
-    return _plane_model(model, x, y, w, draft, target, np.shape(ppl_draft))
-
-
-def _plane_model(model: AcceptanceModel, x, y, w, draft, target, shape) -> tuple[Callable, tuple]:
-    """The acceptance model's NumPyro model and its arguments before ``alpha``: independent pairs,
-    or per-draft and per-target model effects."""
     if (draft is None) != (target is None):
         raise ValueError("give both draft and target (one integer model per pair), or neither")
     if draft is None:
         return plane_model_for(model), (x, y, w)
     groups = []
     for name, index in (("draft", draft), ("target", target)):
-        index = _group_index(index, shape, f"{name} must hold one non-negative integer per pair "
-                                           "(AcceptanceMeasurements.model_index())")
+        index = _group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
+                                                         "(AcceptanceMeasurements.model_index())")
         groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
     return model_effects_plane_model_for(model), (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
 
@@ -321,9 +308,9 @@ def acceptance_pointwise_log_likelihood(samples: dict[str, np.ndarray], model: A
     ``target`` are given, each pair then conditioned on its models' effects). Input of PSIS-LOO
     and stacking over acceptance models, as :func:`pointwise_log_likelihood` is for loss laws.
     """
-    x, y, a = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target, alpha))
-    w = jnp.ones_like(a) if weights is None else jnp.asarray(weights, jnp.float64)
-    numpyro_model, args = _plane_model(model, x, y, w, draft, target, np.shape(alpha))
+    numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
+                                                   target=target)
+    a = jnp.asarray(alpha, jnp.float64)
     sites = {k: jnp.asarray(v) for k, v in samples.items() if k not in ("A", "B", "C")}
     with jax.numpy_dtype_promotion("standard"):
         ll = numpyro.infer.log_likelihood(numpyro_model, sites, *args, alpha=a)["alpha_obs"]
