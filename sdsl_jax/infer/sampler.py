@@ -272,12 +272,16 @@ def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, 
     start = time.perf_counter()
     try:
         mcmc.warmup(jax.random.PRNGKey(seed), *model_args, init_params=init_params)
+        # JAX dispatches asynchronously: without waiting, the warm-up's time would be reported as
+        # the first piece of draws'.
+        jax.block_until_ready(mcmc.post_warmup_state)
         progress(f"warm-up done in {time.perf_counter() - start:.0f} s; draws 0/{num_samples} per chain")
         start, pieces = time.perf_counter(), []
         for done in range(chunk, num_samples + 1, chunk):
             mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
             pieces.append((mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)))
             mcmc.post_warmup_state = mcmc.last_state
+            jax.block_until_ready(pieces[-1])
             now = time.perf_counter()
             if done == chunk:  # the first piece also compiles the sampling loop: time the others
                 start, left = now, None
