@@ -17,7 +17,9 @@ Sections:
   nuts        posteriors of same-shaped datasets one after the other (calibration, refits): NumPyro's
               own sampling loop, compiled again on every run, against the loop compiled once; same draws.
   geometry    NUTS on the Chinchilla reference and the model ladder with the law's terms stated at the
-              data's centre (shipped) against the same law at N = D = 1: steps per draw, ESS per second.
+              data's centre (shipped) against the same law at N = D = 1: steps per draw, ESS per second;
+              and the ladder's acceptance pairs with per-model effects, non-centred (shipped) against
+              projected coordinates.
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
 

@@ -103,7 +103,7 @@ def bench_nuts_reuse(datasets: int) -> list[dict]:
     One chain, 150 warm-up + 250 draws, on 40-pair plane datasets and on the synthetic ladders
     with per-run effects; the first run of each side (compilation) is reported separately.
     """
-    from sdsl_jax.validation.calibration import TRUE_LAW, synthetic_ladder
+    from sdsl_jax.validation.calibration import synthetic_ladder
     from sdsl_jax import SDSL2026, infer
 
     rng = np.random.default_rng(0)
@@ -177,18 +177,54 @@ def bench_nuts_geometry() -> list[dict]:
             start = time.perf_counter()
             out = infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run,
                                         num_chains=4, num_warmup=500, num_samples=500, progress_bar=False, retries=0)
-            seconds, d = time.perf_counter() - start, out.diagnostics
-            result[side] = dict(seconds=seconds, median_steps=d.median_steps, mean_steps=d.mean_steps,
-                                at_cap=d.max_tree_depth_share, min_ess=d.min_ess_bulk, max_rhat=d.max_rhat,
-                                divergences=d.num_divergences, ok=d.ok, ess_per_s=d.min_ess_bulk / seconds)
-            print(f"nuts geometry, {name}, terms {side}: median {d.median_steps:.0f} steps per draw (mean "
-                  f"{d.mean_steps:.0f}), {d.max_tree_depth_share:.0%} at the cap, min bulk ESS {d.min_ess_bulk:.0f}, "
-                  f"max R-hat {d.max_rhat:.3f}, {d.num_divergences} divergent, {seconds:.1f} s, "
-                  f"{d.min_ess_bulk / seconds:.0f} ESS/s; checks {'pass' if d.ok else 'fail'}", flush=True)
+            result[side] = _geometry_record(f"{name}, terms {side}", out, time.perf_counter() - start)
         old, new = result["at N = 1"], result["at the data's centre"]
         print(f"nuts geometry, {name}: steps per draw {old['median_steps'] / new['median_steps']:.1f}x fewer, "
               f"ESS per second {new['ess_per_s'] / old['ess_per_s']:.1f}x", flush=True)
         rows.append(dict(name=f"nuts geometry {name}", at_unit_size=old, at_data_centre=new,
                          steps_ratio=old["median_steps"] / new["median_steps"],
                          ess_per_s_ratio=new["ess_per_s"] / old["ess_per_s"]))
+    rows += _bench_effect_coordinates()
     return rows
+
+
+def _geometry_record(label: str, out, seconds: float, *, site: str | None = None) -> dict:
+    """One NUTS run's geometry (steps per draw, draws at the cap, ESS, R-hat, divergences, time), printed."""
+    d = out.diagnostics
+    record = dict(seconds=seconds, median_steps=d.median_steps, mean_steps=d.mean_steps, at_cap=d.max_tree_depth_share,
+                  min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, divergences=d.num_divergences, ok=d.ok,
+                  ess_per_s=d.min_ess_bulk / seconds)
+    posterior = ""
+    if site is not None:
+        record.update({site: float(np.mean(out.samples[site])), f"{site}_sd": float(np.std(out.samples[site]))})
+        posterior = f"; {site} {record[site]:.5f} +- {record[site + '_sd']:.5f}"
+    print(f"nuts geometry, {label}: median {d.median_steps:.0f} steps per draw (mean {d.mean_steps:.0f}), "
+          f"{d.max_tree_depth_share:.0%} at the cap, min bulk ESS {d.min_ess_bulk:.0f}, max R-hat {d.max_rhat:.3f}, "
+          f"{d.num_divergences} divergent, {seconds:.1f} s, {d.min_ess_bulk / seconds:.0f} ESS/s{posterior}; "
+          f"checks {'pass' if d.ok else 'fail'}", flush=True)
+    return record
+
+
+def _bench_effect_coordinates() -> list[dict]:
+    """The acceptance plane with per-model effects on the ladder's pairs, in the non-centred coordinates
+    (shipped) and the projected ones (``sample_plane(effects="projected")``), at the shipped target
+    acceptance 0.99: the same posterior, steps per draw, effective draws and time."""
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_acceptance
+
+    pairs = load_acceptance("fits/ladder/acceptance.csv")
+    draft, _, target, _ = pairs.model_index()
+    result = {}
+    for effects in ("non-centred", "projected"):
+        kw = dict(weights=pairs.regression_weights(), draft=draft, target=target, effects=effects, num_chains=4,
+                  progress_bar=False, retries=0)
+        infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
+        start = time.perf_counter()
+        out = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=500, num_samples=500, **kw)
+        result[effects] = _geometry_record(f"ladder pairs with model effects, {effects}", out,
+                                           time.perf_counter() - start, site="A")
+    old, new = result["non-centred"], result["projected"]
+    print(f"nuts geometry, ladder pairs with model effects: steps per draw {old['median_steps'] / new['median_steps']:.1f}x "
+          f"fewer, time {old['seconds'] / new['seconds']:.2f}x", flush=True)
+    return [dict(name="nuts geometry ladder pairs with model effects", non_centred=old, projected=new,
+                 steps_ratio=old["median_steps"] / new["median_steps"], time_ratio=old["seconds"] / new["seconds"])]

@@ -9,7 +9,8 @@
   for an identity-linked acceptance model's features (u, v) (:data:`plane_model`: SDSL's plane,
   u, v = x, y), ``logit alpha_i ~ Normal(...)`` for a logit-linked one, with per-row weights
   (iterations measured). :func:`model_effects_plane_model_for` adds an effect per draft and per
-  target model.
+  target model; :func:`projected_effects_plane_model_for` is the same model in coordinates where
+  an effect cannot trade against a coefficient (:func:`effect_basis`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ __all__ = [
     "plane_model_for",
     "MODEL_EFFECT_SITES",
     "model_effects_plane_model_for",
+    "effect_basis",
+    "projected_effects_plane_model_for",
     "plane_model",
     "widened_priors",
 ]
@@ -191,11 +194,21 @@ def new_run_offsets(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_
     return offset
 
 
+def _feature_scales(acceptance_model: AcceptanceModel, ppl_draft, ppl_target):
+    """The acceptance model's features and the mean and scale that standardise each over the pairs."""
+    u, v = acceptance_model.features(ppl_draft, ppl_target)
+    return u, v, (u.mean(), u.std() + 1e-12, v.mean(), v.std() + 1e-12)
+
+
+def _standardised_predictor(centre, slope_x, slope_y, u, v, scales) -> jax.Array:
+    u_mean, u_std, v_mean, v_std = scales
+    return centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
+
+
 def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_target: jax.Array) -> jax.Array:
     """Sample the acceptance model's coefficients (standardised features) and return its linear predictor."""
-    u, v = acceptance_model.features(ppl_draft, ppl_target)
-    u_mean, u_std = u.mean(), u.std() + 1e-12
-    v_mean, v_std = v.mean(), v.std() + 1e-12
+    u, v, scales = _feature_scales(acceptance_model, ppl_draft, ppl_target)
+    u_mean, u_std, v_mean, v_std = scales
     slope_sd, (centre_mean, centre_sd) = acceptance_model.slope_prior_sd, acceptance_model.centre_prior
     slope_x = numpyro.sample("slope_x", dist.Normal(0.0, slope_sd))
     slope_y = numpyro.sample("slope_y", dist.Normal(0.0, slope_sd))
@@ -203,7 +216,7 @@ def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_tar
     A = numpyro.deterministic("A", slope_x / u_std)
     B = numpyro.deterministic("B", slope_y / v_std)
     numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
-    return centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
+    return _standardised_predictor(centre, slope_x, slope_y, u, v, scales)
 
 
 class UnitTruncatedNormal(dist.Distribution):
@@ -315,6 +328,114 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
     return model
 
 
+def effect_basis(group: ArrayLike, feature: ArrayLike, num_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An orthonormal basis of per-group effects split along the group-level design ``[1, mean feature]``.
+
+    ``G`` (``num_groups x 2``) holds a 1 and the mean of ``feature`` over each group's rows (0 for a
+    group without rows). Returns ``(inside, rest, coefficients)``: ``[inside | rest]`` is an
+    orthogonal ``num_groups x num_groups`` matrix whose first ``k = rank(G)`` columns span G's
+    columns, and ``coefficients`` (``2 x k``) satisfies ``G @ coefficients = inside``, so an effect
+    vector ``inside @ w`` equals an intercept ``(coefficients @ w)[0]`` plus a slope
+    ``(coefficients @ w)[1]`` on the feature at the group level.
+    """
+    group, feature = np.asarray(group), np.asarray(feature, np.float64)
+    counts = np.bincount(group, minlength=num_groups)
+    sums = np.bincount(group, weights=feature, minlength=num_groups)
+    design = np.column_stack([np.ones(num_groups), np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)])
+    u, s, vt = np.linalg.svd(design, full_matrices=True)
+    rank = int(np.sum(s > 1e-9 * s[0]))
+    return u[:, :rank], u[:, rank:], vt[:rank].T / s[:rank]
+
+
+@functools.lru_cache(maxsize=None)
+def projected_effects_plane_model_for(acceptance_model: AcceptanceModel, coefficient_prior_width: float = 1.0) -> Callable:
+    """The model of :func:`model_effects_plane_model_for`, reparametrised so that NUTS need not follow
+    the ridge between a model's effect and the coefficient of its feature.
+
+    Each draft model has one perplexity, so a draft effect ``a_i`` that grows with the draft's mean
+    feature is indistinguishable from a change of its slope (and likewise targets, and every effect's
+    mean with the intercept): the posterior lies on ridges whose width is set by ``draft_sd`` and
+    ``target_sd``, a funnel. The same prior, written in other coordinates:
+
+    * each effect vector is ``a = Q1 g + draft_sd Q2 r``, with ``[Q1 | Q2]`` orthogonal and ``Q1``
+      spanning the group-level design ``[1, mean feature]`` (:func:`effect_basis`), ``g ~ Normal(0,
+      draft_sd^2 I)``, ``r ~ Normal(0, I)``; ``Q1 g`` is an intercept and slope ``c = M g``;
+    * ``beta' = beta + E g`` (``beta`` = intercept and the two standardised slopes, ``E`` adding each
+      group's ``c`` to them) is Normal(m, S + E Gamma E^T), sampled from standard normals through
+      its Cholesky factor; ``g`` given ``beta'`` is Gaussian with precision ``Gamma^-1 + E^T S^-1 E``
+      and is sampled from standard normals too; ``beta = beta' - E g``.
+
+    When the features are constant within each model, the likelihood depends on ``beta'`` and the
+    orthogonal rests alone and ``g`` keeps its conditional prior. The sampled sites differ
+    (``coefficients_z``, ``projected_z``, ``draft_rest_z``, ``target_rest_z``); ``slope_x``,
+    ``slope_y``, ``centre``, A, B, C, ``draft_z`` and ``target_z`` are recorded as deterministic
+    sites with the meaning they have in :func:`model_effects_plane_model_for`.
+
+    ``coefficient_prior_width`` multiplies the prior sds of the intercept and slopes, which live in
+    ``S`` rather than in a site's distribution (:func:`widened_priors` sets it).
+
+    Arguments: ``ppl_draft, ppl_target, weights`` per pair; ``draft`` (integer model of each pair)
+    with ``draft_inside, draft_rest, draft_coefficients`` from :func:`effect_basis` on the
+    standardised first feature; ``target`` and its basis likewise on the second; ``alpha``.
+    """
+
+    def model(ppl_draft, ppl_target, weights, draft, draft_inside, draft_rest, draft_coefficients, target,
+              target_inside, target_rest, target_coefficients, alpha=None) -> None:
+        u, v, scales = _feature_scales(acceptance_model, ppl_draft, ppl_target)
+        u_mean, u_std, v_mean, v_std = scales
+        slope_sd = acceptance_model.slope_prior_sd * coefficient_prior_width
+        centre_mean, centre_sd = acceptance_model.centre_prior
+        centre_sd = centre_sd * coefficient_prior_width
+        sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
+        draft_sd = numpyro.sample("draft_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
+        target_sd = numpyro.sample("target_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
+
+        k_draft, k_target = draft_coefficients.shape[1], target_coefficients.shape[1]
+        zero = jnp.zeros(k_draft + k_target)
+        # E: the intercept and slope each projected effect adds to (centre, slope_x, slope_y).
+        e = jnp.stack([jnp.concatenate([draft_coefficients[0], target_coefficients[0]]),
+                       jnp.concatenate([draft_coefficients[1], zero[k_draft:]]),
+                       jnp.concatenate([zero[:k_draft], target_coefficients[1]])])
+        gamma_var = jnp.concatenate([jnp.full(k_draft, draft_sd**2), jnp.full(k_target, target_sd**2)])
+        prior_mean = jnp.array([centre_mean, 0.0, 0.0])
+        prior_var = jnp.array([centre_sd**2, slope_sd**2, slope_sd**2])
+
+        with numpyro.plate("coefficients", 3):
+            z_beta = numpyro.sample("coefficients_z", dist.Normal(0.0, 1.0))
+        shifted = prior_mean + jnp.linalg.cholesky(jnp.diag(prior_var) + (e * gamma_var) @ e.T) @ z_beta
+        precision = jnp.diag(1.0 / gamma_var) + (e.T / prior_var) @ e
+        chol_precision = jnp.linalg.cholesky(precision)
+        with numpyro.plate("projected_effects", k_draft + k_target):
+            z_gamma = numpyro.sample("projected_z", dist.Normal(0.0, 1.0))
+        conditional_mean = jax.scipy.linalg.cho_solve((chol_precision, True), e.T @ ((shifted - prior_mean) / prior_var))
+        gamma = conditional_mean + jax.scipy.linalg.solve_triangular(chol_precision.T, z_gamma, lower=False)
+        centre, slope_x, slope_y = shifted - e @ gamma
+
+        effects = []
+        for name, inside, rest, sd, g in (("draft", draft_inside, draft_rest, draft_sd, gamma[:k_draft]),
+                                          ("target", target_inside, target_rest, target_sd, gamma[k_draft:])):
+            effect = inside @ g
+            if rest.shape[1]:
+                with numpyro.plate(f"{name}_rest", rest.shape[1]):
+                    effect = effect + sd * rest @ numpyro.sample(f"{name}_rest_z", dist.Normal(0.0, 1.0))
+            numpyro.deterministic(f"{name}_z", effect / sd)
+            effects.append(effect)
+
+        for site, value in (("slope_x", slope_x), ("slope_y", slope_y), ("centre", centre)):
+            numpyro.deterministic(site, value)
+        A = numpyro.deterministic("A", slope_x / u_std)
+        B = numpyro.deterministic("B", slope_y / v_std)
+        numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
+        mean = _standardised_predictor(centre, slope_x, slope_y, u, v, scales) + effects[0][draft] + effects[1][target]
+        scale = sigma / jnp.sqrt(weights / weights.mean())
+        with numpyro.plate("pairs", ppl_draft.shape[0]):
+            numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
+
+    model.__name__ = model.__qualname__ = f"projected_effects_plane_model[{acceptance_model.name}]"
+    model.with_coefficient_prior_width = functools.partial(projected_effects_plane_model_for, acceptance_model)
+    return model
+
+
 plane_model = plane_model_for(PLANE)
 """The paper's plane on raw perplexities; see :func:`plane_model_for`."""
 
@@ -360,6 +481,8 @@ def widened_priors(model: Callable, factor: float) -> Callable:
         raise ValueError(f"prior width factor must be positive, got {factor}")
     if factor == 1:
         return model
+    if hasattr(model, "with_coefficient_prior_width"):  # priors held in a transform, not in sites
+        model = model.with_coefficient_prior_width(float(factor))
     widened = _WidenPriors(model, float(factor))
     name = getattr(model, "__name__", "model")
     widened.__name__ = widened.__qualname__ = f"{name}[priors x{factor:g}]"

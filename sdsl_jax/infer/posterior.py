@@ -21,8 +21,8 @@ from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
-                                   model_effects_plane_model_for, plane_model_for, run_effects_model_for,
-                                   widened_priors)
+                                   effect_basis, model_effects_plane_model_for, plane_model_for,
+                                   projected_effects_plane_model_for, run_effects_model_for, widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
@@ -38,6 +38,7 @@ __all__ = [
     "identification",
     "sample_plane",
     "acceptance_numpyro_model",
+    "EFFECT_PARAMETRISATIONS",
     "acceptance_pointwise_log_likelihood",
     "laws_from_posterior",
     "planes_from_posterior",
@@ -254,6 +255,7 @@ def sample_plane(
     progress: Callable[[str], None] | None = None,
     retries: int = 0,
     prior_width: float = 1.0,
+    effects: str = "non-centred",
 ) -> PosteriorRun:
     """NUTS posterior of an acceptance model (see :func:`plane_model_for`), every chain started
     from the prior; ``summarize``, ``progress``, ``retries`` and ``prior_width`` as in
@@ -267,9 +269,15 @@ def sample_plane(
     correlated (each draft model has one perplexity), which a diagonal metric mixes slowly, and
     with few targets their effects' scale sits near zero, where only small steps avoid
     divergences.
+
+    ``effects`` chooses the coordinates of that model: ``"non-centred"`` (one standard normal per
+    model, :func:`model_effects_plane_model_for`) or ``"projected"``, the same prior with each
+    model's effect split into the part a coefficient can absorb and the rest
+    (:func:`projected_effects_plane_model_for`), which spares NUTS the ridge between them
+    (``python -m experiments.bench --only geometry``).
     """
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
-                                                   target=target)
+                                                   target=target, effects=effects)
     a = jnp.asarray(alpha, jnp.float64)
     var_names, dense = (PLANE_SITES, False) if draft is None else (PLANE_SITES + MODEL_EFFECT_SITES, True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
@@ -281,21 +289,32 @@ def sample_plane(
 
 def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike, *,
                              weights: ArrayLike | None = None, draft: ArrayLike | None = None,
-                             target: ArrayLike | None = None) -> tuple[Callable, tuple]:
+                             target: ArrayLike | None = None, effects: str = "non-centred") -> tuple[Callable, tuple]:
     """The NumPyro model :func:`sample_plane` samples for these pairs, and its arguments before the
     observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods."""
+    if effects not in EFFECT_PARAMETRISATIONS:
+        raise ValueError(f"effects must be one of {', '.join(EFFECT_PARAMETRISATIONS)}, got {effects!r}")
     x, y = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target))
     w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, jnp.float64)
     if (draft is None) != (target is None):
         raise ValueError("give both draft and target (one integer model per pair), or neither")
     if draft is None:
         return plane_model_for(model), (x, y, w)
-    groups = []
-    for name, index in (("draft", draft), ("target", target)):
-        index = _group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
-                                                         "(AcceptanceMeasurements.model_index())")
-        groups.append((jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)))
-    return model_effects_plane_model_for(model), (x, y, w, groups[0][0], groups[0][1], groups[1][0], groups[1][1])
+    indices = [_group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
+                                                        "(AcceptanceMeasurements.model_index())")
+               for name, index in (("draft", draft), ("target", target))]
+    if effects == "non-centred":
+        groups = [(jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)) for index in indices]
+        return model_effects_plane_model_for(model), (x, y, w, *groups[0], *groups[1])
+    features = (np.asarray(f, np.float64) for f in model.features(x, y))
+    standardised = [(f - f.mean()) / (f.std() + 1e-12) for f in features]
+    groups = [(jnp.asarray(index), *(jnp.asarray(b) for b in effect_basis(index, f, int(index.max(initial=-1)) + 1)))
+              for index, f in zip(indices, standardised)]
+    return projected_effects_plane_model_for(model), (x, y, w, *groups[0], *groups[1])
+
+
+EFFECT_PARAMETRISATIONS = ("non-centred", "projected")
+"""The coordinates :func:`sample_plane` can sample per-model effects in."""
 
 
 def acceptance_pointwise_log_likelihood(samples: dict[str, np.ndarray], model: AcceptanceModel, ppl_draft: ArrayLike,
