@@ -22,6 +22,9 @@ Sections:
               projected coordinates.
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
+  scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
+              30,000 synthetic runs against SciPy's L-BFGS-B per start, with the share of starts that
+              reach the optimum; NUTS on 30 to 3,000 runs.
 
 Timings are medians over repeats after a warm-up (compilation is reported separately).
 """
@@ -38,12 +41,13 @@ from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_calibration, bench_loss_law_fit, bench_nuts_geometry,
                                               bench_nuts_reuse)
 from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
+from experiments.benchmarks.scaling import bench_scaling
 from experiments.runlog import run_command, write_json
 
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
-            "decoding": bench_decoding}
+            "decoding": bench_decoding, "scaling": bench_scaling}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +88,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_nuts_reuse(args.nuts_datasets)
         elif name == "geometry":
             results += bench_nuts_geometry()
+        elif name == "scaling":
+            results += bench_scaling(args.repeats)
         else:
             results += bench_calibration(args.calibration_datasets)
     if args.json:

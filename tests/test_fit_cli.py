@@ -72,21 +72,28 @@ def test_strict_fails_loudly_when_diagnostics_fail(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "text, fragment",
+    "text, fragment, own_process",
     [
-        ("n_params,n_tokens,loss\n1e6,2e7,3.0\n1e6,abc,3.0\n", ":3: column 'n_tokens': 'abc' is not a number"),
-        ("n_params,loss\n1e6,3.0\n", ":1: column 'n_tokens': is missing from the header"),
-        ("n_params,n_tokens,loss\n1e6,2e7,-3.0\n", ":2: column 'loss': '-3.0' must be > 0"),
+        # One case as a user meets it (the process's exit status and stderr); the others in this
+        # process, where the command returns the status it would exit with.
+        ("n_params,n_tokens,loss\n1e6,2e7,3.0\n1e6,abc,3.0\n", ":3: column 'n_tokens': 'abc' is not a number", True),
+        ("n_params,loss\n1e6,3.0\n", ":1: column 'n_tokens': is missing from the header", False),
+        ("n_params,n_tokens,loss\n1e6,2e7,-3.0\n", ":2: column 'loss': '-3.0' must be > 0", False),
     ],
 )
-def test_bad_csv_exits_2_with_a_message_and_no_traceback(tmp_path, text, fragment):
+def test_bad_csv_exits_2_with_a_message_and_no_traceback(tmp_path, capsys, text, fragment, own_process):
     bad = tmp_path / "bad.csv"
     bad.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "experiments.fit", "--pretraining", str(bad), "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    assert fragment in proc.stderr and str(bad) in proc.stderr
-    assert "Traceback" not in proc.stderr
+    args = ["--pretraining", str(bad), "--out", str(tmp_path)]
+    if own_process:
+        proc = subprocess.run([sys.executable, "-m", "experiments.fit", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        code, stderr = proc.returncode, proc.stderr
+    else:
+        code, stderr = fit_cli.main(args), capsys.readouterr().err
+    assert code == 2
+    assert fragment in stderr and str(bad) in stderr
+    assert "Traceback" not in stderr
 
 
 def test_help_explains_the_options():

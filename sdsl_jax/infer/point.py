@@ -176,7 +176,8 @@ def fit_multistart(
 
     L-BFGS (optax, backtracking line search) vectorised with ``jax.vmap`` over chunks of
     ``chunk_size`` starts. Runs proceed in rounds of ``steps_per_round`` iterations; after each
-    round the starts that stopped are retired and the rest repacked, so the cost follows the
+    round the starts that stopped are retired and the rest repacked (on large data into the
+    smallest batch of ``chunk_size / 16 * 2^k`` lanes that holds them), so the cost follows the
     total number of iterations rather than (number of starts) x (slowest start). Stopping rules
     are SciPy L-BFGS-B's, except that the decrease is relative to the objective itself (not to
     ``max(|f|, 1)``: a summed loss of 1e-3 would stop at a decrease of 1e-6 of itself): relative
@@ -209,20 +210,41 @@ def fit_multistart(
                                steps_per_round, polish_steps, progress, linesearch)
 
 
+_GRADED_BATCHES_FROM = 2**20
+"""Data elements in one batched evaluation (elements per start x lanes) from which live starts are
+run in batches graded by powers of two. Below it a lane is cheap and each further batch size costs a
+compilation for less than it saves (the Chinchilla fit's 240 rows are below it); the results are
+the same either way, since lanes do not interact (``python -m experiments.bench --only scaling``)."""
+
+
+def _lanes_for(live: int, smallest: int, largest: int, graded: bool) -> int:
+    """The vmapped batch that runs ``live`` starts: ``graded``, the smallest of ``smallest * 2^k`` (at
+    most ``largest``) that holds them, never more than twice the lanes they need (a few long-running
+    starts padded to hundreds of lanes cost as much as hundreds of starts); otherwise ``smallest`` or
+    ``largest``."""
+    if not graded:
+        return smallest if live <= smallest else largest
+    lanes = smallest
+    while lanes < live and lanes < largest:
+        lanes *= 2
+    return min(lanes, largest)
+
+
 def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, steps_per_round, polish_steps,
                     progress, linesearch):
     num_starts = starts.shape[0]
     carry = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(starts)
     small_chunk = max(1, chunk_size // 16)
+    graded = sum(int(np.size(a)) for a in jax.tree.leaves(args)) * chunk_size >= _GRADED_BATCHES_FROM
     keep_going = jax.jit(jax.vmap(_keep_going, (0, None, None, None)))
     limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, starts.dtype), jnp.asarray(gtol, starts.dtype))
     active = np.asarray(keep_going(carry, *limits))
     rounds = 0
     while active.any():
         indices = np.flatnonzero(active)
-        size = small_chunk if indices.size <= small_chunk else chunk_size
-        for first in range(0, indices.size, size):
-            padded = np.resize(indices[first : first + size], size)  # pads by repeating real starts
+        for first in range(0, indices.size, chunk_size):
+            live = indices[first : first + chunk_size]
+            padded = np.resize(live, _lanes_for(live.size, small_chunk, chunk_size, graded))  # repeats real starts
             carry = _advance_chunk(objective, carry, padded, tuple(args), *limits, steps=steps_per_round,
                                    linesearch=linesearch)
         active = np.asarray(keep_going(carry, *limits))
