@@ -96,7 +96,7 @@ def calibrate(args, argv) -> int:
             if args.out:
                 from sdsl_jax.figures import n_star_coverage_figure
 
-                n_star_coverage_figure(intervals, os.path.join(args.out, "n_star_coverage.png"))
+                n_star_coverage_figure(intervals, os.path.join(args.out, "n_star_coverage.png"), caption=command)
             print("n-star (run effects): 90% band coverage " + ", ".join(f"{p} {c:.2f}" for p, c in cov.items())
                   + f" over {args.datasets} datasets (binomial s.e. {np.sqrt(0.09 / args.datasets):.3f}) "
                   f"[{time.perf_counter() - start:.0f} s]", flush=True)

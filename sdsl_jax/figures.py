@@ -221,7 +221,7 @@ def rank_histogram_figure(path: str, studies: dict[str, Any], *, caption: str) -
     return save_figure(fig, path, caption)
 
 
-def n_star_coverage_figure(intervals: dict[str, list], path: str) -> None:
+def n_star_coverage_figure(intervals: dict[str, list], path: str, *, caption: str) -> str:
     """Each dataset's 90% band on N* against the truth it should cover, one panel per claim."""
     fig = Figure(figsize=(10, 3.6))
     for ax, (name, rows) in zip(fig.subplots(1, len(intervals), squeeze=False)[0], intervals.items()):
@@ -237,4 +237,4 @@ def n_star_coverage_figure(intervals: dict[str, list], path: str) -> None:
         ax.set_xlabel("synthetic ladder (sorted by truth within its band)")
         ax.set_ylabel("N* / band centre")
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    return save_figure(fig, path, caption)

@@ -23,3 +23,14 @@ def test_calibration_of_90_percent_intervals():
     assert 0.75 <= pooled <= 0.99, (plane, n_star)
     # The predictive band is wider than the mean curve's: it carries the new models' residuals.
     assert n_star["predictive vs new models: median log width"] > n_star["mean curve vs true law: median log width"]
+
+
+def test_n_star_coverage_figure_is_written_with_its_command(tmp_path):
+    from sdsl_jax.figures import n_star_coverage_figure
+
+    intervals = {"mean curve vs true law": [(1e8, 2e8, 1.5e8), (1e8, 2e8, 3e8)],
+                 "predictive vs new models": [(5e7, 4e8, 1.5e8)]}
+    path = n_star_coverage_figure(intervals, str(tmp_path / "n_star_coverage.png"),
+                                  caption="python -m experiments.calibration --only n-star")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
