@@ -129,6 +129,7 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
     if families:
         runs = load_pretraining(args.design)
         run, _ = runs.run_index()
+
         def law_study(name, **kw):
             return loss_law_sbc(FAMILIES[name], runs.n_params, runs.n_tokens, run=run, **kw)
 
@@ -141,6 +142,7 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
             draft, _, target, _ = pairs.model_index()
             groups = dict(draft=draft, target=target)
         record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=effects)
+
         def acceptance_study(name, **kw):
             return acceptance_sbc(ACCEPTANCE_MODELS[name], pairs.ppl_draft, pairs.ppl_target,
                                   weights=pairs.regression_weights(), **groups, **kw)

@@ -23,14 +23,12 @@ SCIPY_FIT_STARTS = 45  # Epoch starts SciPy's L-BFGS-B is timed on at every row 
 def synthetic_runs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``rows`` pre-training runs (N, D, L) from Hoffmann et al.'s law with 2% log-normal scatter, N and D
     log-uniform over the Chinchilla data's range (7e7-1.6e10 parameters, 5e9-5e11 tokens)."""
-    from sdsl_jax import HOFFMANN2022
+    from sdsl_jax import HOFFMANN2022, pretraining_loss
 
     rng = np.random.default_rng(seed)
     n = np.exp(rng.uniform(np.log(7e7), np.log(1.6e10), rows))
     d = np.exp(rng.uniform(np.log(5e9), np.log(5e11), rows))
-    law = HOFFMANN2022
-    loss = (law.E + law.A / n**law.alpha + law.B / d**law.beta) * np.exp(0.02 * rng.standard_normal(rows))
-    return n, d, loss
+    return n, d, np.asarray(pretraining_loss(n, d, HOFFMANN2022)) * np.exp(0.02 * rng.standard_normal(rows))
 
 
 def bench_scaling(repeats: int) -> list[dict]:

@@ -48,6 +48,7 @@ __all__ = [
     "MODEL_EFFECT_SITES",
     "model_effects_plane_model_for",
     "effect_basis",
+    "feature_scale",
     "projected_effects_plane_model_for",
     "plane_model",
     "widened_priors",
@@ -194,10 +195,15 @@ def new_run_offsets(samples: dict[str, np.ndarray], log_d: ArrayLike, *, centre_
     return offset
 
 
+def feature_scale(feature):
+    """The mean and scale that standardise a feature over the pairs (NumPy or JAX arrays alike)."""
+    return feature.mean(), feature.std() + 1e-12
+
+
 def _feature_scales(acceptance_model: AcceptanceModel, ppl_draft, ppl_target):
     """The acceptance model's features and the mean and scale that standardise each over the pairs."""
     u, v = acceptance_model.features(ppl_draft, ppl_target)
-    return u, v, (u.mean(), u.std() + 1e-12, v.mean(), v.std() + 1e-12)
+    return u, v, (*feature_scale(u), *feature_scale(v))
 
 
 def _standardised_predictor(centre, slope_x, slope_y, u, v, scales) -> jax.Array:

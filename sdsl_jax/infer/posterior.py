@@ -21,7 +21,7 @@ from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
 from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
-                                   effect_basis, model_effects_plane_model_for, plane_model_for,
+                                   effect_basis, feature_scale, model_effects_plane_model_for, plane_model_for,
                                    projected_effects_plane_model_for, run_effects_model_for, widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
@@ -306,11 +306,12 @@ def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_t
     if effects == "non-centred":
         groups = [(jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)) for index in indices]
         return model_effects_plane_model_for(model), (x, y, w, *groups[0], *groups[1])
-    features = (np.asarray(f, np.float64) for f in model.features(x, y))
-    standardised = [(f - f.mean()) / (f.std() + 1e-12) for f in features]
-    groups = [(jnp.asarray(index), *(jnp.asarray(b) for b in effect_basis(index, f, int(index.max(initial=-1)) + 1)))
-              for index, f in zip(indices, standardised)]
-    return projected_effects_plane_model_for(model), (x, y, w, *groups[0], *groups[1])
+    groups = []
+    for index, feature in zip(indices, (np.asarray(f, np.float64) for f in model.features(x, y))):
+        mean, scale = feature_scale(feature)
+        basis = effect_basis(index, (feature - mean) / scale, int(index.max(initial=-1)) + 1)
+        groups += [jnp.asarray(index), *(jnp.asarray(b) for b in basis)]
+    return projected_effects_plane_model_for(model), (x, y, w, *groups)
 
 
 EFFECT_PARAMETRISATIONS = ("non-centred", "projected")
