@@ -15,14 +15,22 @@ with ``a, b`` the standardised bounds; solving for ``x`` at ``u``:
 (``log Phi`` is :func:`jax.scipy.special.log_ndtr`) when the interval lies in the lower half
 (``a + b <= 0``) and through the mirror ``x -> -x`` otherwise, so neither tail cancels.
 ``d log_ndtri / d log_p = Phi(x) / phi(x) = exp(log_p - log phi(x))`` (inverse-function rule).
+
+The draw's derivatives, from differentiating ``Phi(t) = Phi(a)(1 - u) + Phi(b) u`` with
+``t = (x - loc)/scale``, ``du = phi(z) dz``, ``Z = Phi(b) - Phi(a)``:
+``dx = (1 - w_a - w_b) dloc + (t - a w_a - b w_b) dscale + scale w_z dz`` with
+``w_a = (1 - u) phi(a) / phi(t)``, ``w_b = u phi(b) / phi(t)``, ``w_z = Z phi(z) / phi(t)``
+(``dloc + z dscale + scale dz`` far from the bounds, where the weights are 0, 0 and 1).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 from jax.scipy.special import log_ndtr, ndtr, ndtri
 from jax.typing import ArrayLike
 
@@ -49,6 +57,15 @@ def log_ndtr_accurate(x: ArrayLike) -> jax.Array:
     (x,) = as_float(x)
     positive = x > 0
     return jnp.where(positive, jnp.log1p(-ndtr(-jnp.where(positive, x, 0.0))), log_ndtr(jnp.where(positive, 0.0, x)))
+
+
+def _log_ndtr_both(z: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(log Phi(z), log Phi(-z))``, each as :func:`log_ndtr_accurate` gives it, from one tail."""
+    lower = z <= 0
+    near = jnp.where(lower, z, -z)  # -|z|, with the right derivative of both at z = 0
+    log_tail, tail = log_ndtr(near), ndtr(near)
+    log_rest = jnp.log1p(-tail)  # tail <= 1/2: no cancellation
+    return jnp.where(lower, log_tail, log_rest), jnp.where(lower, log_rest, log_tail)
 
 
 @jax.custom_jvp
@@ -88,7 +105,8 @@ def _log_ndtri_jvp(primals, tangents):
 
 def _lower_standard_quantile(a: jax.Array, b: jax.Array, log_u: jax.Array, log_1mu: jax.Array) -> jax.Array:
     """``Phi^{-1}(Phi(a)(1 - u) + Phi(b) u)`` from ``log u`` and ``log(1 - u)``, in log space (accurate for ``a + b <= 0``)."""
-    log_p = jnp.logaddexp(log_1mu + log_ndtr_accurate(a), log_u + log_ndtr_accurate(b))
+    # a <= 0 here (a < b and a + b <= 0), where log_ndtr is accurate as it stands.
+    log_p = jnp.logaddexp(log_1mu + log_ndtr(a), log_u + log_ndtr_accurate(b))
     return log_ndtri(jnp.minimum(log_p, 0.0))
 
 
@@ -99,9 +117,20 @@ def truncated_normal_quantile(z: ArrayLike, loc: ArrayLike, scale: ArrayLike, *,
     ``u = Phi(z)`` is the draw's quantile, so ``z ~ Normal(0, 1)`` gives truncated-normal draws; far
     from the bounds the result is ``loc + scale z``. ``loc`` may lie outside ``[low, high]`` (the
     draw then sits near the nearer bound, never beyond it); ``scale`` must be positive.
-    Differentiable in ``z``, ``loc`` and ``scale``.
+    Differentiable in ``z``, ``loc`` and ``scale`` by a closed-form rule (module docstring), so
+    derivatives of any order never pass through the quantile's own branches and iterations.
     """
     z, loc, scale = as_float(z, loc, scale)
+    low, high = float(low), float(high)
+    # The quantile is computed once, outside differentiation; its derivatives of every order come
+    # from the closed-form rule of _with_quantile_derivatives, which takes the computed draw as
+    # an input and so never evaluates the quantile again (in a Newton step's second derivative the
+    # quantile's branches and iterations would otherwise be compiled several times over).
+    x = jax.lax.stop_gradient(_truncated_quantile(z, loc, scale, low, high))
+    return _with_quantile_derivatives(x, z, loc, scale, low, high)
+
+
+def _truncated_quantile(z: jax.Array, loc: jax.Array, scale: jax.Array, low: float, high: float) -> jax.Array:
     a, b = (low - loc) / scale, (high - loc) / scale
     # More than FAR scales outside, the draw's distance to the bound is exponential with rate |a|
     # (relative error 1/a^2), where the exact form cancels (loc + scale s with s ~ a: error eps a^2).
@@ -109,7 +138,7 @@ def truncated_normal_quantile(z: ArrayLike, loc: ArrayLike, scale: ArrayLike, *,
     far = below | above
     a_in, b_in = jnp.where(far, -1.0, a), jnp.where(far, 1.0, b)
     # u = Phi(z) in logs, once: log u and log(1 - u) serve the exact form and both tails.
-    log_u, log_1mu = log_ndtr_accurate(z), log_ndtr_accurate(-z)
+    log_u, log_1mu = _log_ndtr_both(z)
     # The interval in the lower half as it stands, else its mirror x -> -x (then u <-> 1 - u, s -> -s).
     mirror = a_in + b_in > 0
     s = jnp.where(mirror, -1.0, 1.0) * _lower_standard_quantile(
@@ -120,8 +149,60 @@ def truncated_normal_quantile(z: ArrayLike, loc: ArrayLike, scale: ArrayLike, *,
     from_high = high - scale * (-log_u) / jnp.where(above, -b, 1.0)
     draw = jnp.where(below, from_low, jnp.where(above, from_high, exact))
     # The draw lies in [low, high] exactly; rounding can step an ulp past a bound when it sits on
-    # it, which min/max undo (a no-op everywhere else, gradients unchanged inside).
+    # it, which min/max undo (a no-op everywhere else).
     return jnp.minimum(jnp.maximum(draw, low), high)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def _with_quantile_derivatives(x: jax.Array, z: jax.Array, loc: jax.Array, scale: jax.Array, low: float,
+                               high: float) -> jax.Array:
+    """``x``, the truncated quantile at ``(z, loc, scale)``, carrying its derivatives in those."""
+    return jnp.broadcast_to(x, jnp.broadcast_shapes(x.shape, z.shape, loc.shape, scale.shape))
+
+
+def _with_quantile_derivatives_jvp(low, high, primals, tangents):
+    """``dx = (1 - w_a - w_b) dloc + (t - a w_a - b w_b) dscale + scale w_z dz`` (module docstring).
+
+    Each weight is a ratio of normal densities formed in logs, its exponent a product of
+    differences (``(t^2 - a^2)/2 = (x - low)(x + low - 2 loc)/(2 scale^2)``) so that it does not
+    cancel when the draw sits at a bound. More than FAR scales outside, the derivative of the
+    tail form the primal uses there instead. ``x`` is used through this function itself, so that
+    higher derivatives take its derivative from this rule. Terms whose input does not move are
+    left out of the program (the N* solver moves ``loc`` alone, so ``w_z`` and its normaliser
+    are never compiled there).
+    """
+    x, z, loc, scale = primals
+    _, dz, dloc, dscale = (None if isinstance(t, SymbolicZero) else t for t in tangents)
+    x = _with_quantile_derivatives(x, z, loc, scale, low, high)
+    a, b = (low - loc) / scale, (high - loc) / scale
+    below, above = a > _FAR, b < -_FAR
+    log_u, log_1mu = _log_ndtr_both(z)
+    # Tails: x = low + scale^2 E / g with g = low - loc, E = -log(1 - u), dE/dz = phi(z) / (1 - u);
+    # at the upper bound x = high - scale^2 E / g with g = loc - high, E = -log u, dE/dz = -phi(z) / u.
+    gap = jnp.where(below, low - loc, jnp.where(above, loc - high, 1.0))
+    log_rest = jnp.where(below, log_1mu, log_u)
+    tail = -log_rest
+    exact, far = jnp.zeros_like(x), jnp.zeros_like(x)
+    if dloc is not None or dscale is not None:
+        two_var = 2.0 * scale * scale
+        w_a = jnp.exp(log_1mu + (x - low) * (x + low - 2.0 * loc) / two_var)
+        w_b = jnp.exp(log_u + (x - high) * (x + high - 2.0 * loc) / two_var)
+        if dloc is not None:
+            exact = exact + (1.0 - w_a - w_b) * dloc
+            far = far + scale * scale * tail / (gap * gap) * dloc
+        if dscale is not None:
+            t = (x - loc) / scale
+            exact = exact + (t - a * w_a - b * w_b) * dscale
+            far = far + jnp.where(below, 2.0, -2.0) * scale * tail / gap * dscale
+    if dz is not None:
+        t = (x - loc) / scale
+        w_z = jnp.exp(log_unit_interval_mass(loc, scale, low=low, high=high) + 0.5 * (t - z) * (t + z))
+        exact = exact + scale * w_z * dz
+        far = far + scale * scale / gap * jnp.exp(_log_phi(z) - log_rest) * dz
+    return x, jnp.where(below | above, far, exact)
+
+
+_with_quantile_derivatives.defjvp(_with_quantile_derivatives_jvp, symbolic_zeros=True)
 
 
 def log_unit_interval_mass(loc: ArrayLike, scale: ArrayLike, *, low: float = 0.0, high: float = 1.0) -> jax.Array:
