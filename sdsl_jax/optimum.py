@@ -193,17 +193,27 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     u, _, _, done, steps = jax.lax.while_loop(cond, body, (u0, lo, hi, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     spacing = (log_m - log_n_min) / (num_grid - 1)
     at_lower = (k == 0) & (u - log_n_min <= 1e-3 * spacing)
-    log_t_found, alpha_found = _log_throughput_and_acceptance(u, p)
-    saturates = saturates | (alpha_found >= 1)
-    # A stationary point must have a finite T there; anything else did not converge.
-    not_done = ~done | ~jnp.isfinite(log_t_found)
+    # The checks at u itself (alpha < 1 there, T finite there) are made by _solve_flat, which
+    # evaluates the model at u once for them and for its outputs (_final_status).
     status = jnp.select(
-        [invalid, saturates, no_admissible, no_speedup, at_lower, not_done],
+        [invalid, saturates, no_admissible, no_speedup, at_lower, ~done],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
          SolveStatus.NO_SPEEDUP, SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
     return u, status, steps
+
+
+def _final_status(status: jax.Array, alpha: jax.Array, throughput: jax.Array) -> jax.Array:
+    """The search's status completed by the checks at the point found, in the same precedence.
+
+    Alpha >= 1 there means saturation (second only to invalid input); a stationary point must
+    have a finite T, anything else did not converge.
+    """
+    early = (status == SolveStatus.INVALID_INPUT) | (status == SolveStatus.ACCEPTANCE_SATURATES)
+    status = jnp.where(~early & (alpha >= 1), SolveStatus.ACCEPTANCE_SATURATES, status)
+    found = status == SolveStatus.SUCCESS
+    return jnp.where(found & ~jnp.isfinite(throughput), SolveStatus.NOT_CONVERGED, status).astype(jnp.int32)
 
 
 @_located_optimum.defjvp
@@ -320,20 +330,28 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
     u, status, steps = jax.vmap(_located_optimum, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
     )
+    # The model at the point found, once: for the last checks and for the outputs (each
+    # evaluation of the model is a copy of it, Lambert W included, in the compiled program).
+    n_found = jnp.exp(u)
+    alpha_found = draft_acceptance(n_found, problems.m, d_target=problems.d_target, recipe=problems.recipe,
+                                   loss=problems.loss, plane=problems.plane)
+    best = best_lookahead(problems.cost, alpha_found, n_found, problems.m)
+    status = _final_status(status, alpha_found, best.throughput)
     ok = status == SolveStatus.SUCCESS
     # NaN value AND NaN derivatives where the solve failed: a zero gradient would read as "optimal".
     # Both where() and the NaN behind the model's own admissibility test drop cotangents, so the
     # failed branch is tied to every input directly: `poison` is 0 with derivative 1 in each.
     poison = sum(x - jax.lax.stop_gradient(x) for x in jax.tree.leaves(problems)) + u - jax.lax.stop_gradient(u)
-    n_star = jnp.where(ok, jnp.exp(jnp.where(ok, u, 0.0)), jnp.nan * (1.0 + jnp.where(ok, 0.0, poison)))
-    alpha = draft_acceptance(n_star, problems.m, d_target=problems.d_target, recipe=problems.recipe,
-                             loss=problems.loss, plane=problems.plane)
-    best = best_lookahead(problems.cost, alpha, n_star, problems.m)
+    failed = jnp.nan * (1.0 + jnp.where(ok, 0.0, poison))
+
+    def where_solved(x):
+        return jnp.where(ok, x, failed)
+
     return DraftSizeSolution(
-        n_star=n_star,
-        gamma_star=best.gamma,
-        alpha=alpha,
-        throughput=best.throughput,
+        n_star=where_solved(n_found),
+        gamma_star=where_solved(best.gamma),
+        alpha=where_solved(alpha_found),
+        throughput=where_solved(best.throughput),
         status=status,
         num_steps=steps,
     )
