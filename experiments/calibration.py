@@ -3,6 +3,7 @@
     python -m experiments.calibration --datasets 100                       # coverage at fixed truths
     python -m experiments.calibration --datasets 200 --only n-star         # N* bands with run effects
     python -m experiments.calibration --only sbc --datasets 100 --out fits/calibration   # SBC per family
+    python -m experiments.calibration --only misspecified --datasets 200 --out fits/calibration/misspecified
 
 ``plane``, ``loss-law``: coverage of each parameter's 90% interval over synthetic datasets at fixed
 true parameters. ``n-star``: coverage of the 90% N* bands on synthetic ladders with run effects
@@ -11,9 +12,15 @@ true parameters. ``n-star``: coverage of the 90% N* bands on synthetic ladders w
 ladder's design (``--design``), and of the acceptance models named by ``--acceptance-models`` on its
 pairs (``--acceptance-design``): parameters from the prior, data from the model, the rank of each
 true value among 99 thinned posterior draws, and a chi-square test of their uniformity; rank
-histograms in ``sbc.png``. SBC is resumable: finished datasets are kept in ``<out>/stages/`` and a
-rerun of the same command fits only the others. The studies are in
-:mod:`sdsl_jax.validation.calibration`.
+histograms in ``sbc.png``. ``misspecified``: ``--datasets`` synthetic ladders on the real ladder's
+design (``--design``, ``--acceptance-design``, ``--speculative-design``), drawn in turn from true
+processes outside the lead form (a one-break law, Kaplan's law, a saturating acceptance curve;
+coefficients fitted to the real ladder), each closed by the whole procedure (the ``--stack`` forms
+fitted and stacked, P(best), N* bands, the Bayes decision) and scored against its truth: coverage of
+the 90% N* bands, the reliability and expected calibration error of P(best), the decision's regret
+(:mod:`sdsl_jax.validation.misspecified`). SBC and misspecified are resumable: finished datasets are
+kept in ``<out>/stages/`` and a rerun of the same command fits only the others. The other studies
+are in :mod:`sdsl_jax.validation.calibration`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-STUDIES = ("plane", "loss-law", "n-star", "sbc")
+STUDIES = ("plane", "loss-law", "n-star", "sbc", "misspecified")
 SBC_CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
 """The posterior checks counted apart in sbc.json (their wording in ``sdsl_jax.infer.check_diagnostics``)."""
 
@@ -39,19 +46,31 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=int, default=100, help="synthetic datasets per model (100)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=STUDIES, help="one study only (default: all but sbc)")
+    parser.add_argument("--only", choices=STUDIES, help="one study only (default: all but sbc and misspecified)")
     parser.add_argument("--families", default=",".join(FAMILIES),
                         help="sbc: the loss-law families, comma-separated (default: all: " + ",".join(FAMILIES) + ")")
     parser.add_argument("--design", default="fits/ladder/pretraining.csv",
-                        help="sbc: the runs whose (N, D) and training runs the data are simulated at "
+                        help="sbc, misspecified: the runs whose (N, D) and training runs the data are simulated at "
                              "(default fits/ladder/pretraining.csv)")
     parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
     parser.add_argument("--acceptance-design", default="fits/ladder/acceptance.csv",
-                        help="sbc: the pairs whose perplexities, weights and models the alphas are simulated "
-                             "at, with per-model effects where the pairs identify them "
+                        help="sbc, misspecified: the pairs whose perplexities, weights and models the alphas are "
+                             "simulated at, with per-model effects where the pairs identify them "
                              "(default fits/ladder/acceptance.csv)")
+    parser.add_argument("--speculative-design", default="fits/ladder/speculative.csv",
+                        help="misspecified: the speculative runs whose targets, candidate drafts and lookaheads "
+                             "the closures score (default fits/ladder/speculative.csv)")
+    parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
+                        help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
+                             "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
+    parser.add_argument("--processes", default="broken:plane,kaplan:plane,chinchilla:logit-plane",
+                        help="misspecified: the true processes, law:acceptance-model pairs, comma-separated, taken "
+                             "in turn (default broken:plane,kaplan:plane,chinchilla:logit-plane)")
+    parser.add_argument("--chains", type=int, default=2, help="misspecified: NUTS chains per posterior (2)")
+    parser.add_argument("--warmup", type=int, default=300, help="misspecified: NUTS warm-up iterations (300)")
+    parser.add_argument("--draws", type=int, default=300, help="misspecified: NUTS draws per chain (300)")
     parser.add_argument("--out", metavar="DIR", help="also write calibration.json and the figures "
                                                      "(n_star_coverage.png, sbc.png); sbc keeps its finished "
                                                      "datasets in DIR/stages/")
@@ -79,16 +98,20 @@ def calibrate(args, argv) -> int:
     unknown = [m for m in acceptance if m not in ACCEPTANCE_MODELS]
     if unknown:
         raise UsageError(f"--acceptance-models: unknown {unknown}; choose from {sorted(ACCEPTANCE_MODELS)}")
-    if args.only == "sbc" and not args.out:
-        raise UsageError("--only sbc needs --out DIR (its finished datasets are kept there, so that it can resume)")
+    if args.only in ("sbc", "misspecified") and not args.out:
+        raise UsageError(f"--only {args.only} needs --out DIR (its finished datasets are kept there, so that it can "
+                         "resume)")
     if args.out:
         make_output_folder(args.out)
     command = "python -m experiments.calibration " + " ".join(sys.argv[1:] if argv is None else argv)
     record = dict(command=command, seed=args.seed, datasets=args.datasets, studies={})
-    for name in [n for n in STUDIES if args.only == n or (args.only is None and n != "sbc")]:
+    for name in [n for n in STUDIES if args.only == n or (args.only is None and n not in ("sbc", "misspecified"))]:
         start = time.perf_counter()
         if name == "sbc":
             record["studies"]["sbc"] = _sbc(args, families, acceptance, command)
+            continue
+        if name == "misspecified":
+            record["studies"]["misspecified"] = _misspecified(args, command)
             continue
         if name == "n-star":
             cov, intervals = calibration.n_star_coverage(args.datasets, seed=args.seed, return_intervals=True,
@@ -109,7 +132,8 @@ def calibrate(args, argv) -> int:
                   f"{np.sqrt(0.09 / k):.3f}) [{time.perf_counter() - start:.0f} s]", flush=True)
         record["studies"][name] = dict(coverage=cov, seconds=time.perf_counter() - start)
     if args.out:
-        write_json(os.path.join(args.out, "calibration.json" if args.only != "sbc" else "sbc.json"),
+        write_json(os.path.join(args.out, {"sbc": "sbc.json", "misspecified": "misspecified.json"}.get(
+            args.only, "calibration.json")),
                    dict(record, versions=versions()))
     return 0
 
@@ -170,6 +194,70 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
               + f"; {failed} of {args.datasets} posteriors failed a check", flush=True)
     rank_histogram_figure(os.path.join(args.out, "sbc.png"), results, caption=command)
     return record
+
+
+def _misspecified(args, command: str) -> dict:
+    """Synthetic closures from processes outside the lead form, scored against their truth; resumable."""
+    from experiments.runlog import UsageError
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
+    from sdsl_jax.figures import reliability_figure
+    from sdsl_jax.loss_laws import FAMILIES
+    from sdsl_jax.store import append_stage_line, read_stage_lines
+    from sdsl_jax.validation.closure_fits import ClosureSettings
+    from sdsl_jax.validation.misspecified import ladder_processes, summarize_closures, synthetic_closure
+
+    names = [f for f in args.stack.split(",") if f]
+    unknown = [f for f in names if f not in FAMILIES and f not in ACCEPTANCE_MODELS]
+    if unknown:
+        raise UsageError(f"--stack: unknown form(s) {unknown}; choose from "
+                         f"{sorted(FAMILIES) + sorted(ACCEPTANCE_MODELS)}")
+    stack = ([f for f in names if f in FAMILIES], [m for m in names if m in ACCEPTANCE_MODELS])
+    if not stack[0] or not stack[1]:
+        raise UsageError("--stack needs at least one loss-law family and one acceptance model")
+    try:
+        process_forms = [tuple(item.split(":")) for item in args.processes.split(",") if item]
+        if not process_forms or any(len(f) != 2 or f[0] not in FAMILIES or f[1] not in ACCEPTANCE_MODELS
+                                    for f in process_forms):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--processes: {args.processes!r} is not a list of law:acceptance-model pairs (laws "
+                         f"{sorted(FAMILIES)}, acceptance models {sorted(ACCEPTANCE_MODELS)})") from None
+    for flag in ("chains", "warmup", "draws"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    runs, pairs = load_pretraining(args.design), load_acceptance(args.acceptance_design)
+    speculative = load_speculative(args.speculative_design)
+    processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
+                                 log=lambda line: print(line, flush=True))
+    settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
+                               propagate=args.chains * args.draws)
+    study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
+                 warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design, args.speculative_design])
+    stage_path = os.path.join(args.out, "stages", "misspecified.jsonl")
+    os.makedirs(os.path.dirname(stage_path), exist_ok=True)
+    done = {unit["index"]: unit["closure"] for unit in read_stage_lines(stage_path, warn=print)
+            if unit.get("study") == study}
+    for i in range(args.datasets):
+        if i in done:
+            continue
+        start = time.perf_counter()
+        process = processes[i % len(processes)]
+        done[i] = synthetic_closure(process, runs, pairs, speculative, settings, stack=stack, seed=args.seed + i,
+                                    log=lambda line: None)
+        append_stage_line(stage_path, dict(study=study, index=i, closure=done[i]))
+        print(f"  closure {i + 1}/{args.datasets} ({process.name}) [{time.perf_counter() - start:.0f} s]", flush=True)
+    closures = [done[i] for i in range(args.datasets)]
+    summary = summarize_closures(closures)
+    overall = summary["overall"]
+    print(f"misspecified: {args.datasets} closures, N* 90% band coverage {overall['n_star_coverage']:.2f} "
+          f"(binomial s.e. {np.sqrt(0.09 / max(overall['targets'], 1)):.3f} over {overall['targets']} targets), "
+          f"P(best) expected calibration error {overall['p_best_expected_calibration_error']:.3f} over "
+          f"{overall['p_best_forecasts']} forecasts", flush=True)
+    reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
+    return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
+                                       noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],
+                summary=summary, closures=closures)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.store import atomic_write
 
 __all__ = ["format_size", "loss_law_figure", "n_star_figure", "throughput_figure", "acceptance_figure",
-           "fit_figures"]
+           "fit_figures", "reliability_figure"]
 
 
 def format_size(n: float) -> str:
@@ -236,5 +236,29 @@ def n_star_coverage_figure(intervals: dict[str, list], path: str, *, caption: st
         ax.set_title(f"{name}: {covered:.2f} of {len(rows)} covered", fontsize=9)
         ax.set_xlabel("synthetic ladder (sorted by truth within its band)")
         ax.set_ylabel("N* / band centre")
+    fig.tight_layout()
+    return save_figure(fig, path, caption)
+
+
+def reliability_figure(path: str, summary: dict, *, caption: str) -> str:
+    """The reliability diagram of P(best) per true process and over all
+    (:func:`sdsl_jax.validation.misspecified.summarize_closures`): each bin's forecast against how
+    often it came true, the diagonal a calibrated forecaster's, the bins' counts beside the points."""
+    panels = {"all processes": summary["overall"], **summary["by_process"]}
+    fig = Figure(figsize=(3.2 * len(panels), 3.4))
+    for ax, (name, s) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels.items()):
+        ax.plot([0, 1], [0, 1], color="0.7", lw=1)
+        rel = s["p_best_reliability"]
+        if rel is not None:
+            points = [(m, f, c) for m, f, c in zip(rel["mean_forecast"], rel["frequency"], rel["count"]) if c]
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="C0", ms=4)
+            for m, f, c in points:
+                ax.annotate(str(c), (m, f), textcoords="offset points", xytext=(4, -8), fontsize=6, color="0.4")
+            ax.set_title(f"{name}\nECE {rel['expected_calibration_error']:.3f}; N* band coverage "
+                         f"{s['n_star_coverage']:.2f}", fontsize=8)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("forecast P(best)")
+        ax.set_ylabel("share that was the true best")
     fig.tight_layout()
     return save_figure(fig, path, caption)

@@ -11,6 +11,7 @@ the Brier score of the measured best and by the regret of acting on it.
 * :func:`baseline_forecasts` -- uniform; the smallest draft; the previous target's best (half on it,
   half on one size up); a fixed M/N ratio fitted on earlier targets.
 * :func:`forecast_scores` -- log score, Brier score and regret against the measured T.
+* :func:`reliability` -- the reliability diagram and expected calibration error of many forecasts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Decision", "Forecast", "ForecastScore", "bayes_decision", "baseline_forecasts", "forecast_scores"]
+__all__ = ["Decision", "Forecast", "ForecastScore", "Reliability", "bayes_decision", "baseline_forecasts",
+           "forecast_scores", "reliability"]
 
 
 class Decision(NamedTuple):
@@ -144,3 +146,43 @@ def forecast_scores(p_best: Sequence[float], t_measured: Sequence[float]) -> For
         log_score = float(np.log(p[best]))
     chosen = int(np.argmax(p))
     return ForecastScore(log_score, float(np.sum((p - outcome) ** 2)), float(1.0 - t[chosen] / t[best]))
+
+
+class Reliability(NamedTuple):
+    """How often forecasts of probability p come true, in equal-width bins of p.
+
+    Attributes:
+      bin_edges: ``bins + 1`` edges on [0, 1].
+      mean_forecast: per bin, the mean forecast probability (None for an empty bin).
+      frequency: per bin, the share of its forecasts that came true (None for an empty bin).
+      count: forecasts per bin.
+      expected_calibration_error: ``sum_b (n_b / n) |frequency_b - mean_forecast_b|`` (Naeini,
+        Cooper & Hauskrecht 2015): 0 for a calibrated forecaster, at the resolution of the bins.
+    """
+
+    bin_edges: list
+    mean_forecast: list
+    frequency: list
+    count: list
+    expected_calibration_error: float
+
+
+def reliability(p: Sequence[float], outcome: Sequence[float], *, bins: int = 10) -> Reliability:
+    """The reliability diagram's bins and the expected calibration error of forecasts ``p`` of 0/1 ``outcome``."""
+    p, outcome = np.asarray(p, np.float64), np.asarray(outcome, np.float64)
+    if p.shape != outcome.shape or p.ndim != 1 or p.size == 0:
+        raise ValueError(f"p {p.shape} and outcome {outcome.shape} must be equal-length, non-empty vectors")
+    if not (np.all((p >= 0) & (p <= 1)) and np.all((outcome == 0) | (outcome == 1))):
+        raise ValueError("p must lie in [0, 1] and every outcome be 0 or 1")
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, bins - 1)  # p = 1 in the last bin
+    count = np.bincount(which, minlength=bins)
+    with np.errstate(invalid="ignore"):
+        mean = np.bincount(which, p, minlength=bins) / count
+        freq = np.bincount(which, outcome, minlength=bins) / count
+    ece = float(np.nansum(count / p.size * np.abs(freq - mean)))
+
+    def listed(x):  # None, not NaN, for an empty bin: the record stays strict JSON
+        return [None if np.isnan(v) else float(v) for v in x]
+
+    return Reliability(edges.tolist(), listed(mean), listed(freq), count.tolist(), ece)

@@ -97,7 +97,7 @@ LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_faults", "test_extend
                  "test_run_effects", "test_model_effects", "test_bayes", "test_decoding", "test_optimum", "test_normal",
                  "test_fitting", "test_holdout", "test_sbc", "test_effect_coordinates", "test_composable",
                  "test_predictive", "test_measure_core", "test_train", "test_latency", "test_user_data",
-                 "test_speculative", "test_lambertw", "test_sizes", "test_readme")
+                 "test_speculative", "test_lambertw", "test_misspecified", "test_sizes", "test_readme")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,126 @@
+"""Calibration under misspecification: the synthetic ladders' truth, the reliability score, the study's command."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sdsl_jax import SDSL2026, LossLaw, solve_draft_size
+from sdsl_jax.costs import SDSL_FLOPS, throughput_under
+from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
+from sdsl_jax.forecast import reliability
+from sdsl_jax.validation.misspecified import TrueProcess, summarize_closures, synthetic_closure_data
+
+LADDER = "fits/ladder/"
+
+
+def design():
+    return (load_pretraining(LADDER + "pretraining.csv"), load_acceptance(LADDER + "acceptance.csv"),
+            load_speculative(LADDER + "speculative.csv"))
+
+
+# The committed chinchilla closure's law (its posterior median) and the real ladder's plane.
+LAW = LossLaw(E=0.4735, A=2.2424, B=47.94, alpha=0.32, beta=0.2464)
+PLANE = SDSL2026._replace(A=-0.039, B=0.0623, C=0.685)
+
+
+def process(scale: float) -> TrueProcess:
+    return TrueProcess("chinchilla + plane", "chinchilla", LAW, "plane", PLANE, loss_sigma=0.05 * scale, loss_nu=20.0,
+                       run_sd=0.017 * scale, run_slope_sd=0.047 * scale, draft_sd=0.033 * scale,
+                       target_sd=0.005 * scale, pair_sigma=0.008 * scale)
+
+
+def test_without_noise_the_synthetic_ladder_is_the_process_itself():
+    runs, pairs, spec = design()
+    data = synthetic_closure_data(process(0.0), runs, pairs, spec, seed=0)
+    np.testing.assert_allclose(data.runs.loss, np.asarray(LAW.loss(runs.n_params, runs.n_tokens)), rtol=1e-12)
+    ppl = dict(zip(runs.name, np.exp(data.runs.loss)))
+    want_alpha = [PLANE.rate(ppl[a], ppl[b]) for a, b in zip(pairs.draft, pairs.target)]
+    np.testing.assert_allclose(data.pairs.alpha, want_alpha, rtol=1e-12)
+    want_t = throughput_under(SDSL_FLOPS, data.speculative.alpha_mle, spec.gamma.astype(float),
+                              spec.n_draft.astype(float), spec.n_target.astype(float))
+    np.testing.assert_allclose(data.speculative.tokens_per_flop_sdsl, want_t, rtol=1e-12)
+    assert not any(data.speculative.iterations_per_prompt)  # no prompts to resample
+    assert set(data.truth) == set(spec.target)
+    for target, truth in data.truth.items():
+        rows = [i for i, t in enumerate(spec.target) if t == target]
+        assert truth["drafts"] == sorted({spec.draft[i] for i in rows}, key=lambda d: runs.n_params[runs.name.index(d)])
+        assert truth["best"] == int(np.argmax(truth["tokens_per_flop"]))
+        # No effects: a new draft series and target are the process's mean curve.
+        want = float(solve_draft_size(truth["m_target"], d_draft=truth["d_reference"], d_target=truth["d_target"],
+                                      loss=LAW, plane=PLANE).n_star)
+        assert truth["d_target"] == spec.d_target[rows[0]]
+        assert truth["n_star_mean"] == pytest.approx(want, rel=1e-12)
+        assert truth["n_star_new"] == pytest.approx(want, rel=1e-9)
+
+
+def test_noise_reaches_the_rows_at_its_scale_and_the_seed_fixes_it():
+    runs, pairs, spec = design()
+    a, b = (synthetic_closure_data(process(1.0), runs, pairs, spec, seed=s) for s in (1, 1))
+    np.testing.assert_array_equal(a.runs.loss, b.runs.loss)
+    residual = np.log(a.runs.loss) - np.log(np.asarray(LAW.loss(runs.n_params, runs.n_tokens)))
+    # sigma 0.05 (t, 20 dof), run offsets 0.017 and slopes 0.047 per unit ln D: a few hundredths in all.
+    assert 0.02 < residual.std() < 0.15
+    other = synthetic_closure_data(process(1.0), runs, pairs, spec, seed=2)
+    assert not np.allclose(other.pairs.alpha, a.pairs.alpha)
+    assert all(np.isfinite(t["n_star_new"]) and t["n_star_new"] != t["n_star_mean"] for t in a.truth.values())
+
+
+def test_reliability_of_calibrated_and_overconfident_forecasts():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 20000)
+    calibrated = reliability(p, rng.uniform(0, 1, p.size) < p, bins=10)
+    overconfident = reliability(p, rng.uniform(0, 1, p.size) < 0.5 + 0.5 * (p - 0.5), bins=10)
+    assert calibrated.expected_calibration_error < 0.02 and overconfident.expected_calibration_error > 0.1
+    assert sum(calibrated.count) == p.size
+    # By hand: forecasts 0.1 (came true 1 of 2) and 0.9 (came true 2 of 2): |0.5 - 0.1| * 2/4 + |1 - 0.9| * 2/4.
+    small = reliability([0.1, 0.1, 0.9, 0.9], [1, 0, 1, 1], bins=10)
+    assert small.expected_calibration_error == pytest.approx(0.25)
+    assert small.mean_forecast[3] is None and small.count[1] == 2
+    with pytest.raises(ValueError, match="must lie in"):
+        reliability([1.2], [1])
+
+
+def test_summary_counts_coverage_and_left_out_forecasts():
+    def target(p, best, band, truth):
+        return dict(drafts=["a", "b"][:len(p)] if p else ["a"], p_best=p, true_best=best, n_star_band=band,
+                    n_star_new=truth, n_star_mean=truth, bayes_regret=0.0)
+
+    closures = [dict(process="x", targets=[target([0.7, 0.3], 0, [1.0, 2.0, 3.0], 2.5),
+                                           target([1.0], 0, [1.0, 2.0, 3.0], 4.0)]),
+                dict(process="y", targets=[target([0.2, 0.8], 0, [1.0, float("nan"), 3.0], 2.0)])]
+    out = summarize_closures(closures)
+    assert out["overall"]["targets"] == 3 and out["overall"]["n_star_undefined"] == 1
+    assert out["overall"]["n_star_coverage"] == pytest.approx(1 / 3)
+    assert out["overall"]["p_best_forecasts"] == 4  # the single-candidate target carries no forecast
+    assert out["by_process"]["x"]["n_star_coverage"] == 0.5
+
+
+@pytest.mark.slow  # the closing procedure is the closures' (test_experiments), resuming the store's (test_sbc)
+def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
+    from experiments import calibration
+
+    # Two of the ladder's targets (two and three candidates): each count of candidates compiles its own programs.
+    lines = open(LADDER + "speculative.csv").read().splitlines()
+    spec = tmp_path / "speculative.csv"
+    kept = [ln for ln in lines[1:] if ln.split(",")[0] in ("L3@1450", "L4@605")]
+    spec.write_text("\n".join([lines[0], *kept]) + "\n")
+    args = ["--only", "misspecified", "--datasets", "1", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
+            "--chains", "1", "--warmup", "30", "--draws", "30", "--speculative-design", str(spec),
+            "--out", str(tmp_path / "out")]
+    tmp_path = tmp_path / "out"
+    assert calibration.main(args) == 0
+    record = json.loads((tmp_path / "misspecified.json").read_text())
+    study = record["studies"]["misspecified"]
+    closure = study["closures"][0]
+    assert closure["process"] == "kaplan + plane" and study["processes"][0]["law"]["alpha_N"] > 0
+    assert {t["target"] for t in closure["targets"]} == {"L3@1450", "L4@605"}
+    for t in closure["targets"]:
+        assert np.isclose(sum(t["p_best"]), 1.0) and 0 <= t["true_best"] < len(t["drafts"])
+    assert study["summary"]["overall"]["targets"] == len(closure["targets"])
+    assert (tmp_path / "misspecified_reliability.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert calibration.main(args) == 0  # resumed: the closure is read back, not fitted again
+    assert "closure 1/1" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]["closures"] == \
+        study["closures"]
