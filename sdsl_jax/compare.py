@@ -176,6 +176,16 @@ def _stack_passing(log_density: np.ndarray, failed: Sequence[bool]) -> tuple[np.
     return weights, "; forms whose posterior failed its checks get weight 0"
 
 
+def failed_form_note(name: str, names: Sequence[str], failed: Sequence[str]) -> str:
+    """What a form's line says of its failed checks: no weight, unless every form failed, when all
+    are stacked (:func:`_stack_passing`)."""
+    if name not in failed:
+        return ""
+    if len(names) > 1 and set(failed) >= set(names):
+        return " (its posterior failed its checks, as every form's did: stacked all the same)"
+    return " (its posterior failed its checks: no weight)"
+
+
 def _stacked(pointwise: dict[str, tuple[np.ndarray, np.ndarray]], rows: str, *,
              failed: Sequence[bool] = ()) -> FormWeights:
     """:func:`stack` over forms from ``{name: (log-likelihood (draws, rows), sigma draws)}`` by
@@ -285,7 +295,7 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
                                families={k: r.point.family for k, r in results.items()})
     for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
                                     weights.pareto_k_max):
-        note = " (its posterior failed its checks: no weight)" if name in weights.failed else ""
+        note = failed_form_note(name, weights.names, weights.failed)
         log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}{note}")
     grid_bands, named_bands = mixture_bands(results, weights, m_grid=m_grid, targets=targets, d_target=d_target,
                                             recipe=recipe, cost=cost, seed=seed)

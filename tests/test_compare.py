@@ -5,7 +5,8 @@ import warnings
 import numpy as np
 import pytest
 
-from sdsl_jax.compare import grouped_stacking_weights, mixture_draw_indices, mixture_log_density, stack
+from sdsl_jax.compare import (_stack_passing, failed_form_note, grouped_stacking_weights, mixture_draw_indices,
+                               mixture_log_density, stack)
 
 
 def _score(w, log_density):
@@ -78,3 +79,16 @@ def test_mixture_takes_each_forms_share_of_distinct_draws():
     for (name, idx), count in zip(shares, (700, 300)):
         assert idx.size == count and np.unique(idx).size == count and idx.min() >= 0 and idx.max() < 1000
     assert not np.array_equal(np.sort(shares[0][1]), np.arange(700))  # a random subset, not the first chains
+
+
+def test_failed_forms_get_no_weight_unless_every_form_failed_and_the_line_says_which():
+    rng = np.random.default_rng(0)
+    log_density = rng.normal(-1.0, 0.3, (3, 40))
+    weights, note = _stack_passing(log_density, [True, False, False])
+    assert weights[0] == 0 and np.isclose(weights.sum(), 1) and "get weight 0" in note
+    weights, note = _stack_passing(log_density, [True, True, True])
+    np.testing.assert_allclose(weights, stack(log_density))
+    assert "every form failed" in note
+    assert failed_form_note("a", ["a", "b"], ["a"]) == " (its posterior failed its checks: no weight)"
+    assert "stacked all the same" in failed_form_note("a", ["a", "b"], ["a", "b"])
+    assert failed_form_note("b", ["a", "b"], ["a"]) == ""
