@@ -47,3 +47,28 @@ def test_student_t_log_density_matches_scipy():
         np.array([3.0, 10.0, 1.5])
     np.testing.assert_allclose(holdout.student_t_logpdf(y, loc, scale, nu),
                                scipy_stats.t.logpdf(y, nu, loc=loc, scale=scale), rtol=1e-12)
+
+
+def test_acceptance_folds_report_their_failed_checks(tmp_path):
+    from sdsl_jax import SDSL2026
+    from sdsl_jax.data import load_acceptance
+
+    # Three model sizes, five pairs for each size pair: every fold trains on five pairs (one compiled sampler).
+    rng = np.random.default_rng(0)
+    rows = ["draft,target,n_draft,n_target,d_draft,d_target,ppl_draft,ppl_target,alpha"]
+    for small, large in ((1e6, 2e6), (1e6, 4e6), (2e6, 4e6)):
+        for k in range(5):
+            x, y = 30.0 / np.log10(small) * (1 + 0.1 * k), 20.0 / np.log10(large)
+            alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.01)
+            rows.append(f"d{small:g}-{k},t{large:g},{small},{large},1e9,1e10,{x},{y},{alpha}")
+    (tmp_path / "acceptance.csv").write_text("\n".join(rows) + "\n")
+    record = holdout.run_holdout(synthetic_runs(), load_acceptance(tmp_path / "acceptance.csv"), laws=[],
+                                 acceptance_models=["plane"], chains=1, warmup=30, draws=30, seed=0,
+                                 log=lambda *_: None)
+    r = record["acceptance_models"]["plane"]
+    # 30 draws of one chain cannot reach a bulk ESS of 400: every fold fails its checks, and says so.
+    assert r["failed_checks"] == list(r["fold_problems"]) and len(r["failed_checks"]) == 3
+    md = holdout.holdout_markdown(record)
+    for size, problems in r["fold_problems"].items():
+        assert any("bulk ESS" in p for p in problems)
+        assert f"| acceptance plane | {size} | {'; '.join(problems)} |" in md

@@ -95,7 +95,7 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
         groups = dict(draft=draft, target=target)
     post = infer.sample_plane(train.ppl_draft, train.ppl_target, train.alpha, weights=train.regression_weights(),
                               model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
-                              progress_bar=False, summarize=False, **groups)
+                              progress_bar=False, **groups)
     planes = infer.planes_from_posterior(post.samples, model)
     planes = type(planes)(*(np.asarray(v)[:, None] for v in planes))
     eta = np.asarray(planes.predictor(test.ppl_draft, test.ppl_target))
@@ -117,10 +117,11 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
     y = test.alpha
     log_density = _log_mean_exp(np.asarray(infer.acceptance_likelihood(model, eta + shift, sigma).log_prob(y)), axis=0)
     return dict(log_density=log_density, covered=(lo <= y) & (y <= hi), covered_mean_only=(lo_mean <= y) & (y <= hi_mean),
-                error=np.median(mean, axis=0) - y)
+                error=np.median(mean, axis=0) - y, problems=tuple(post.diagnostics.problems))
 
 
 def _summary(folds: dict, sizes: list[float]) -> dict:
+    """A study's record over its folds; each fold's failed posterior checks listed with the size it held out."""
     covered = np.concatenate([f["covered"] for f in folds.values()])
     mean_only = np.concatenate([f["covered_mean_only"] for f in folds.values()])
     largest = folds[max(sizes)]
@@ -132,7 +133,9 @@ def _summary(folds: dict, sizes: list[float]) -> dict:
                                            rmse=float(np.sqrt(np.mean(folds[s]["error"] ** 2))))
                           for s in sizes},
                 forward_extrapolation=dict(size=float(max(sizes)), rmse=float(np.sqrt(np.mean(largest["error"] ** 2))),
-                                           log_predictive_density=float(largest["log_density"].sum())))
+                                           log_predictive_density=float(largest["log_density"].sum())),
+                failed_checks=[f"{s:.6g}" for s in sizes if folds[s]["problems"]],
+                fold_problems={f"{s:.6g}": list(folds[s]["problems"]) for s in sizes if folds[s]["problems"]})
 
 
 def run_holdout(runs, pairs, *, laws, acceptance_models, chains=4, warmup=500, draws=500, seed=0, starts_every=1,
@@ -163,9 +166,6 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=4, warmup=500, d
         if folds is None:
             continue
         record["laws"][name] = _summary(folds, sizes)
-        record["laws"][name]["failed_checks"] = [f"{s:.6g}" for s in sizes if folds[s]["problems"]]
-        record["laws"][name]["fold_problems"] = {f"{s:.6g}": list(folds[s]["problems"]) for s in sizes
-                                                 if folds[s]["problems"]}
         pointwise[name] = np.concatenate([folds[s]["log_density"] for s in sizes])
     if len(pointwise) > 1:
         failed = [name for name in pointwise if record["laws"][name]["failed_checks"]]
@@ -201,9 +201,11 @@ def holdout_markdown(record: dict) -> str:
                      f"{r['log_predictive_density']:.1f} | {r['forward_extrapolation']['rmse']:.3f} | "
                      f"{weights.get(name, float('nan')):.2f} |")
     failed = {name: r["fold_problems"] for name, r in record["laws"].items() if r.get("fold_problems")}
+    failed.update({f"acceptance {name}": r["fold_problems"] for name, r in record["acceptance_models"].items()
+                   if r.get("fold_problems")})
     if failed:
         lines += ["", "Posteriors that failed their checks (a law with one gets no stacking weight):", "",
-                  "| law | size held out | failed checks |", "|---|---|---|"]
+                  "| form | size held out | failed checks |", "|---|---|---|"]
         lines += [f"| {name} | {size} | {'; '.join(problems)} |"
                   for name, folds in failed.items() for size, problems in folds.items()]
     if "stacked_log_predictive_density" in record:
