@@ -42,6 +42,10 @@ def pytest_configure(config):
     config._sdsl_compile_cache = folder
     os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
     jax.config.update("jax_compilation_cache_dir", folder)  # this process imported jax already
+    # Programs that compile in 0.2-1 s (JAX caches from 1 s by default) are shared too, as the CLIs
+    # share theirs (sdsl_jax.runtime): both workers compile many of the same ones.
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 def pytest_unconfigure(config):
