@@ -253,7 +253,8 @@ def _misspecified(args, command: str) -> dict:
     print(f"misspecified: {args.datasets} closures, N* 90% band coverage {overall['n_star_coverage']:.2f} "
           f"(binomial s.e. {np.sqrt(0.09 / max(overall['targets'], 1)):.3f} over {overall['targets']} targets), "
           f"P(best) expected calibration error {overall['p_best_expected_calibration_error']:.3f} over "
-          f"{overall['p_best_forecasts']} forecasts", flush=True)
+          f"{overall['p_best_forecasts']} forecasts; in {summary['closures_where_every_form_failed_its_checks']} "
+          "closures every form failed its posterior checks and all were stacked", flush=True)
     reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
     return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
                                        noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],

@@ -87,9 +87,12 @@ def test_summary_counts_coverage_and_left_out_forecasts():
                     n_star_new=truth, n_star_mean=truth, bayes_regret=0.0)
 
     closures = [dict(process="x", targets=[target([0.7, 0.3], 0, [1.0, 2.0, 3.0], 2.5),
-                                           target([1.0], 0, [1.0, 2.0, 3.0], 4.0)]),
-                dict(process="y", targets=[target([0.2, 0.8], 0, [1.0, float("nan"), 3.0], 2.0)])]
+                                           target([1.0], 0, [1.0, 2.0, 3.0], 4.0)],
+                     forms={"chinchilla + plane": 0.6, "kaplan + plane": 0.4}, failed_checks=["kaplan"]),
+                dict(process="y", targets=[target([0.2, 0.8], 0, [1.0, float("nan"), 3.0], 2.0)],
+                     forms={"chinchilla + plane": 1.0}, failed_checks=["plane"])]
     out = summarize_closures(closures)
+    assert out["closures_where_every_form_failed_its_checks"] == 1  # y: its only form's plane failed
     assert out["overall"]["targets"] == 3 and out["overall"]["n_star_undefined"] == 1
     assert out["overall"]["n_star_coverage"] == pytest.approx(1 / 3)
     assert out["overall"]["p_best_forecasts"] == 4  # the single-candidate target carries no forecast

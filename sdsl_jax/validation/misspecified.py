@@ -253,7 +253,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
     """Coverage of the N* bands, reliability of P(best) and the Bayes decision's regret over closures.
 
     Targets with a single candidate carry no forecast and are left out of the reliability. Per
-    process and over all. An N* band or truth that is not finite counts as a miss of the band
+    process and over all; with the count of closures whose every form had a posterior that failed
+    its checks (the stacking then weighs them all). An N* band or truth that is not finite counts as a miss of the band
     (reported apart as ``n_star_undefined``).
     """
     from sdsl_jax.forecast import reliability
@@ -282,7 +283,12 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
                     p_best_reliability=None if rel is None else rel._asdict(),
                     p_best_forecasts=len(p), bayes_regret_mean=float(np.mean(regret)) if regret else None)
 
-    out = dict(closures=len(closures), overall=summary([t for c in closures for t in c["targets"]]), by_process={})
+    # Where every fitted posterior failed its checks, the stacking weighted all forms (the fallback), not only
+    # the passing ones: how often that decided the forecasts is part of the result.
+    every_failed = sum(1 for c in closures if c.get("failed_checks") and c.get("forms") is not None
+                       and all(any(part in c["failed_checks"] for part in form.split(" + ")) for form in c["forms"]))
+    out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=every_failed,
+               overall=summary([t for c in closures for t in c["targets"]]), by_process={})
     for name in dict.fromkeys(c["process"] for c in closures):
         out["by_process"][name] = summary([t for c in closures if c["process"] == name for t in c["targets"]])
     return out
