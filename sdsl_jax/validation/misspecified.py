@@ -189,11 +189,12 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
     truth, new_effects = {}, []
     for target in dict.fromkeys(speculative.target):
         rows = [i for i, t in enumerate(speculative.target) if t == target]
-        drafts = sorted({speculative.draft[i] for i in rows},
-                        key=lambda dr: next(speculative.n_draft[i] for i in rows if speculative.draft[i] == dr))
-        t_best = np.array([max(spec_t[i] for i in rows if speculative.draft[i] == dr) for dr in drafts])
-        d_drafts = np.array([next(speculative.d_draft[i] for i in rows if speculative.draft[i] == dr) for dr in drafts],
-                            np.float64)
+        by_draft: dict[str, list[int]] = {}
+        for i in rows:
+            by_draft.setdefault(speculative.draft[i], []).append(i)
+        drafts = sorted(by_draft, key=lambda dr: speculative.n_draft[by_draft[dr][0]])
+        t_best = np.array([max(spec_t[i] for i in by_draft[dr]) for dr in drafts])
+        d_drafts = np.array([speculative.d_draft[by_draft[dr][0]] for dr in drafts], np.float64)
         d_ref, d_target = float(np.exp(np.mean(np.log(d_drafts)))), float(speculative.d_target[rows[0]])
         truth[target] = dict(drafts=drafts, tokens_per_flop=t_best.tolist(), best=int(np.argmax(t_best)),
                              m_target=float(speculative.n_target[rows[0]]), d_reference=d_ref, d_target=d_target)
