@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chains", type=int, default=2, help="misspecified: NUTS chains per posterior (2)")
     parser.add_argument("--warmup", type=int, default=300, help="misspecified: NUTS warm-up iterations (300)")
     parser.add_argument("--draws", type=int, default=300, help="misspecified: NUTS draws per chain (300)")
+    parser.add_argument("--shard", metavar="I/K", help="misspecified: close only the datasets whose index is I modulo K "
+                                                        "(K processes, one per core, share the study; each keeps its "
+                                                        "own stage file and the last to finish writes the summary)")
     parser.add_argument("--out", metavar="DIR", help="also write calibration.json and the figures "
                                                      "(n_star_coverage.png, sbc.png); sbc keeps its finished "
                                                      "datasets in DIR/stages/")
@@ -112,6 +115,8 @@ def calibrate(args, argv) -> int:
             continue
         if name == "misspecified":
             record["studies"]["misspecified"] = _misspecified(args, command)
+            if record["studies"]["misspecified"] is None:
+                return 0
             continue
         if name == "n-star":
             cov, intervals = calibration.n_star_coverage(args.datasets, seed=args.seed, return_intervals=True,
@@ -196,8 +201,10 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
     return record
 
 
-def _misspecified(args, command: str) -> dict:
-    """Synthetic closures from processes outside the lead form, scored against their truth; resumable."""
+def _misspecified(args, command: str) -> dict | None:
+    """Synthetic closures from processes outside the lead form, scored against their truth; resumable.
+
+    None when this run is one shard of several and the others have not finished theirs."""
     from experiments.runlog import UsageError
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
@@ -226,6 +233,14 @@ def _misspecified(args, command: str) -> dict:
     for flag in ("chains", "warmup", "draws"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    shard, shards = 0, 1
+    if args.shard:
+        try:
+            shard, shards = (int(v) for v in args.shard.split("/"))
+            if not 0 <= shard < shards:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"--shard: {args.shard!r} is not I/K with 0 <= I < K") from None
     runs, pairs = load_pretraining(args.design), load_acceptance(args.acceptance_design)
     speculative = load_speculative(args.speculative_design)
     processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
@@ -234,12 +249,18 @@ def _misspecified(args, command: str) -> dict:
                                propagate=args.chains * args.draws)
     study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design, args.speculative_design])
-    stage_path = os.path.join(args.out, "stages", "misspecified.jsonl")
-    os.makedirs(os.path.dirname(stage_path), exist_ok=True)
-    done = {unit["index"]: unit["closure"] for unit in read_stage_lines(stage_path, warn=print)
-            if unit.get("study") == study}
+    stages = os.path.join(args.out, "stages")
+    os.makedirs(stages, exist_ok=True)
+    stage_path = os.path.join(stages, "misspecified.jsonl" if shards == 1 else f"misspecified-{shard}of{shards}.jsonl")
+
+    def finished() -> dict:
+        return {unit["index"]: unit["closure"] for name in sorted(os.listdir(stages))
+                if name.startswith("misspecified") and name.endswith(".jsonl")
+                for unit in read_stage_lines(os.path.join(stages, name), warn=print) if unit.get("study") == study}
+
+    done = finished()
     for i in range(args.datasets):
-        if i in done:
+        if i in done or i % shards != shard:
             continue
         start = time.perf_counter()
         process = processes[i % len(processes)]
@@ -247,6 +268,12 @@ def _misspecified(args, command: str) -> dict:
                                     log=lambda line: None)
         append_stage_line(stage_path, dict(study=study, index=i, closure=done[i]))
         print(f"  closure {i + 1}/{args.datasets} ({process.name}) [{time.perf_counter() - start:.0f} s]", flush=True)
+    done = finished()
+    missing = [i for i in range(args.datasets) if i not in done]
+    if missing:
+        print(f"shard {shard}/{shards} finished; {len(missing)} of {args.datasets} closures are still with the other "
+              "shards: the last shard to finish (or a rerun without --shard) writes the summary", flush=True)
+        return None
     closures = [done[i] for i in range(args.datasets)]
     summary = summarize_closures(closures)
     overall = summary["overall"]

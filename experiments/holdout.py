@@ -40,7 +40,7 @@ def parse_args(argv):
     p.add_argument("--out", help="output folder (DATA/holdout)")
     p.add_argument("--laws", default="chinchilla,kaplan,broken,data", help="comma-separated law families")
     p.add_argument("--acceptance-models", default="plane,log-plane", help="comma-separated acceptance models")
-    # The sampler's defaults everywhere: 4 x 500 draws reach the checks' bulk ESS of 400 (2 x 300 cannot).
+    # The sampler's defaults everywhere: four chains, and 500 draws each to reach the checks' 100 ESS per chain.
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)

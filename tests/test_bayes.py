@@ -47,6 +47,28 @@ def test_diagnostics_flag_disagreeing_chains_and_divergences():
     assert check_diagnostics(good, 0, var_names=["theta"], num_steps=one_in_200, max_tree_depth=10).ok
 
 
+def test_bulk_ess_threshold_is_100_per_chain():
+    # AR(1) chains with phi = 0.8 have ESS ~ n (1 - phi) / (1 + phi) = n / 9 per chain: 2 chains of
+    # 2,000 draws give ~440 in all, above the 200 that two chains need;
+    # 4 chains of 500 draws give ~220, below the 400 that four chains need.
+    rng = np.random.default_rng(1)
+
+    def ar1(chains, n, phi=0.8):
+        x = np.zeros((chains, n))
+        noise = rng.normal(0, np.sqrt(1 - phi**2), (chains, n))
+        x[:, 0] = rng.normal(0, 1, chains)
+        for t in range(1, n):
+            x[:, t] = phi * x[:, t - 1] + noise[:, t]
+        return az.from_dict(posterior={"theta": x})
+
+    two = check_diagnostics(ar1(2, 2000), 0, var_names=["theta"])
+    assert two.min_ess_bulk > 200 and two.ok, two.problems
+    four = check_diagnostics(ar1(4, 500), 0, var_names=["theta"])
+    assert four.min_ess_bulk < 400 and not four.ok
+    assert any("<= 400" in p for p in four.problems)
+    assert not check_diagnostics(ar1(2, 2000), 0, var_names=["theta"], min_ess=1e4).ok
+
+
 def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
     import jax.numpy as jnp
 

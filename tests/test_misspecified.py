@@ -108,22 +108,29 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     spec = tmp_path / "speculative.csv"
     kept = [ln for ln in lines[1:] if ln.split(",")[0] in ("L3@1450", "L4@605")]
     spec.write_text("\n".join([lines[0], *kept]) + "\n")
-    args = ["--only", "misspecified", "--datasets", "1", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
+    args = ["--only", "misspecified", "--datasets", "2", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
             "--chains", "1", "--warmup", "30", "--draws", "30", "--speculative-design", str(spec),
             "--out", str(tmp_path / "out")]
     tmp_path = tmp_path / "out"
-    assert calibration.main(args) == 0
+    # Two shards share the study: the first leaves the summary to the second, which finds both closures.
+    assert calibration.main(args + ["--shard", "0/2"]) == 0
+    assert "1 of 2 closures are still with the other shards" in capsys.readouterr().out
+    assert not (tmp_path / "misspecified.json").exists()
+    assert calibration.main(args + ["--shard", "1/2"]) == 0
+    assert "closure 1/2" not in capsys.readouterr().out
     record = json.loads((tmp_path / "misspecified.json").read_text())
     study = record["studies"]["misspecified"]
+    assert [c["seed"] for c in study["closures"]] == [0, 1]
     closure = study["closures"][0]
     assert closure["process"] == "kaplan + plane" and study["processes"][0]["law"]["alpha_N"] > 0
     assert {t["target"] for t in closure["targets"]} == {"L3@1450", "L4@605"}
     for t in closure["targets"]:
         assert np.isclose(sum(t["p_best"]), 1.0) and 0 <= t["true_best"] < len(t["drafts"])
-    assert study["summary"]["overall"]["targets"] == len(closure["targets"])
+    assert study["summary"]["overall"]["targets"] == 2 * len(closure["targets"])
     assert (tmp_path / "misspecified_reliability.png").stat().st_size > 10_000
-    capsys.readouterr()
-    assert calibration.main(args) == 0  # resumed: the closure is read back, not fitted again
-    assert "closure 1/1" not in capsys.readouterr().out
+    assert calibration.main(args) == 0  # resumed from both shards' stage files: nothing fitted again
+    assert "closure " not in capsys.readouterr().out
     assert json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]["closures"] == \
         study["closures"]
+    assert calibration.main(args + ["--shard", "2/2"]) == 2
+    assert "--shard" in capsys.readouterr().err

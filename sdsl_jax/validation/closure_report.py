@@ -118,7 +118,7 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                   + (f" (wide-prior posteriors that failed their checks: {', '.join(sensitivity['failed_checks'])})"
                      if sensitivity["failed_checks"] else "") + ".\n")
     if failed:
-        table += ("\nPosteriors that failed their checks (R-hat < 1.01, bulk ESS >= 400, no divergences), with the "
+        table += ("\nPosteriors that failed their checks (R-hat < 1.01, bulk ESS above 100 per chain, no divergences, under 1% of draws at the maximum tree depth), with the "
                   "weight their form carries in that fit: " + "; ".join(failed) + ". Their draws are used as sampled; "
                   "read the scores that depend on them with that in mind.\n")
     stacking = fit.stacking
