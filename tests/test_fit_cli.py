@@ -64,7 +64,7 @@ def test_posterior_with_acceptance_data(tmp_path, capsys):
 
 
 def test_strict_fails_loudly_when_diagnostics_fail(tmp_path, capsys):
-    # 20 draws per chain cannot reach a bulk ESS of 400.
+    # 2 x 20 draws cannot reach the bulk ESS of 200 that two chains need.
     code = fit_cli.main([*SHORT_NUTS, "--starts", "45",
                          "--num-targets", "3", "--out", str(tmp_path), "--strict", "--no-figures"])
     out = capsys.readouterr().out
