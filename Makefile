@@ -5,7 +5,8 @@
 # make bench:   install if needed, then run the benchmarks and print the ratios, the held-out study of the
 #               forms on the ladder (fits/ladder/holdout/ holds the committed run), and the simulation-based
 #               calibration of the loss-law families (fits/calibration/sbc.json; resumable) and the calibration
-#               under misspecification (200 synthetic closures; resumable).
+#               under misspecification (200 synthetic closures into fits/calibration/misspecified/, whose
+#               finished closures are committed: resumable).
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then train the real ladder, measure it into fits/ladder/ and close the loop
 #               (about 60 minutes on 2 CPU cores; resumable: rerun after an interruption).
@@ -49,7 +50,7 @@ bench: $(STAMP)
 	$(PY) -m experiments.bench
 	$(PY) -m experiments.holdout --data fits/ladder --out out/holdout
 	$(PY) -m experiments.calibration --only sbc --datasets 100 --acceptance-models plane --out out/calibration
-	$(PY) -m experiments.calibration --only misspecified --datasets 200 --out out/calibration/misspecified
+	$(PY) -m experiments.calibration --only misspecified --datasets 200 --out fits/calibration/misspecified
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet --no-compile -e ".[test,notebooks]"

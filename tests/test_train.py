@@ -10,10 +10,14 @@ from sdsl_jax.lm import corpus
 from sdsl_jax.lm.train import (
     data_mesh,
     init_train_state,
+    make_scheduled_train_step,
     make_train_step,
     sample_batch,
+    scheduled_adamw,
     shard_batch,
     train,
+    wsd,
+    wsd_learning_rate,
     wsd_schedule,
 )
 from sdsl_jax.lm.model import Transformer, TransformerConfig
@@ -28,6 +32,41 @@ def test_wsd_schedule_shape():
     assert float(lr(90)) == pytest.approx(5e-4) and float(lr(100)) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError):
         wsd_schedule(peak=1e-3, warmup_steps=100, total_steps=100)
+
+
+def test_wsd_as_data_is_optax_joined_linear_schedules():
+    reference = optax.join_schedules([optax.linear_schedule(0.0, 1e-3, 10), optax.constant_schedule(1e-3),
+                                      optax.linear_schedule(1e-3, 0.0, 30)], [10, 70])
+    counts = np.arange(0, 120)
+    got = np.asarray(wsd_learning_rate(counts, wsd(peak=1e-3, warmup_steps=10, total_steps=100, stable_end=70)))
+    np.testing.assert_allclose(got, np.asarray(reference(counts)), rtol=1e-6, atol=1e-12)
+    plateau = wsd(peak=1e-3, warmup_steps=10)  # warm-up, then the peak for good
+    np.testing.assert_allclose(np.asarray(wsd_learning_rate(counts, plateau)), [min(c / 10, 1) * 1e-3 for c in counts],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="stable_end"):
+        wsd(peak=1e-3, warmup_steps=10, total_steps=100, stable_end=120)
+
+
+def test_one_compiled_step_serves_the_plateau_and_every_branch():
+    mesh = data_mesh(jax.devices()[:1])
+    plateau = wsd(peak=3e-3, warmup_steps=2)
+    graphdef, state = init_train_state(Transformer(CONFIG, rngs=nnx.Rngs(0)), scheduled_adamw(plateau, weight_decay=0.1),
+                                       mesh)
+    step = make_scheduled_train_step(graphdef, weight_decay=0.1)
+    batch = shard_batch(sample_batch(corpus.load_corpus().train[:100_000], np.random.default_rng(0), batch_size=4,
+                                     seq_len=63), mesh)
+    state, _ = step(state, batch, plateau)
+    for end in (6, 9):
+        branch, _ = step(state, batch, wsd(peak=3e-3, warmup_steps=2, total_steps=end, stable_end=4))
+    assert step._cache_size() == 1
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(branch.params), jax.tree.leaves(state.params)))
+    # The schedule passed is the one used, not one baked into the program: a schedule already at its
+    # end (rate 0 at the state's step) leaves the parameters where they are.
+    ended = wsd(peak=3e-3, warmup_steps=0, total_steps=1, stable_end=0)
+    still, _ = step(state, batch, ended)
+    assert step._cache_size() == 1
+    for a, b in zip(jax.tree.leaves(still.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def run_steps(devices, steps, seed=0):

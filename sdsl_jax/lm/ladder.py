@@ -7,6 +7,7 @@ each rung, its training (resumable) and the registry the measurements read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -15,14 +16,14 @@ import time
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
 from sdsl_jax.lm.checkpoint import checkpoint_manager, restore_latest
 from sdsl_jax.lm.corpus import hellaswag_prompts
 from sdsl_jax.lm.measure import text_nll, windows
 from sdsl_jax.lm.model import Transformer, TransformerConfig, count_params
-from sdsl_jax.lm.train import data_mesh, init_train_state, make_train_step, run_steps, wsd_schedule
+from sdsl_jax.lm.train import (WSD, data_mesh, init_train_state, make_scheduled_train_step, run_steps, scheduled_adamw,
+                               wsd)
 from sdsl_jax.store import write_json
 
 __all__ = [
@@ -158,20 +159,16 @@ def plan_rung(rung: Rung, preset: Preset, n_params: int) -> Plan:
     return Plan(n_params, tokens_per_step, warmup, budgets, forks)
 
 
-def _optimizer(preset: Preset, rung: Rung, plan: Plan, budget: int | None) -> optax.GradientTransformation:
-    """AdamW under the plateau schedule (``budget=None``) or branch ``budget``'s WSD schedule.
+def _schedule(rung: Rung, plan: Plan, budget: int | None) -> WSD:
+    """The plateau's schedule (``budget=None``: warm-up, then the peak) or branch ``budget``'s WSD.
 
-    The two agree up to the fork, and optax's state does not depend on the schedule, so a
-    plateau state continues under a branch's optimizer unchanged.
+    The two agree up to the fork, and AdamW's state does not depend on the schedule, so a plateau
+    state continues under a branch's schedule unchanged.
     """
     if budget is None:
-        lr = optax.join_schedules([optax.linear_schedule(0.0, rung.peak_lr, plan.warmup),
-                                   optax.constant_schedule(rung.peak_lr)], [plan.warmup])
-    else:
-        fork = plan.forks[plan.budgets.index(budget)]
-        lr = wsd_schedule(peak=rung.peak_lr, warmup_steps=plan.warmup, total_steps=budget,
-                          decay_fraction=(budget - fork) / budget)
-    return optax.adamw(lr, weight_decay=0.1)
+        return wsd(peak=rung.peak_lr, warmup_steps=plan.warmup)
+    return wsd(peak=rung.peak_lr, warmup_steps=plan.warmup, total_steps=budget,
+               stable_end=plan.forks[plan.budgets.index(budget)])
 
 
 def save_params(model: nnx.Module, path: str) -> None:
@@ -220,11 +217,11 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
         f"{plan.tokens_per_step} tokens, {plan.total_steps} steps in all; {len(pending)} to train")
     mesh = data_mesh()
     if pending:
-        plateau_opt = _optimizer(preset, rung, plan, None)
-        graphdef, state = init_train_state(model, plateau_opt, mesh)
+        graphdef, state = init_train_state(model, scheduled_adamw(_schedule(rung, plan, None), weight_decay=0.1),
+                                           mesh)
         plateau = checkpoint_manager(os.path.join(rung_dir, "plateau"), keep=1)
         state = restore_latest(plateau, state) or state
-        plateau_step = make_train_step(graphdef, plateau_opt)
+        step = make_scheduled_train_step(graphdef, weight_decay=0.1)
     for budget, fork in zip(plan.budgets, plan.forks):
         budget_dir = os.path.join(rung_dir, f"budget_{budget}")
         result_path = os.path.join(budget_dir, "result.json")
@@ -238,12 +235,12 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
         t0 = time.perf_counter()
         steps = dict(tokens=tokens, seed=seed, batch_size=rung.batch_size, seq_len=preset.seq_len, mesh=mesh,
                      checkpoint_every=preset.checkpoint_every, progress=log)
-        state, _ = run_steps(plateau_step, state, end=fork, manager=plateau, label=f"{rung.name} plateau ", **steps)
-        branch_opt = _optimizer(preset, rung, plan, budget)
+        state, _ = run_steps(functools.partial(step, schedule=_schedule(rung, plan, None)), state, end=fork,
+                             manager=plateau, label=f"{rung.name} plateau ", **steps)
         branch = checkpoint_manager(os.path.join(budget_dir, "train"), keep=1)
         branch_state = restore_latest(branch, state) or state
-        branch_state, _ = run_steps(make_train_step(graphdef, branch_opt), branch_state, end=budget, manager=branch,
-                                    label=f"{rung.name} decay to {budget}: ", **steps)
+        branch_state, _ = run_steps(functools.partial(step, schedule=_schedule(rung, plan, budget)), branch_state,
+                                    end=budget, manager=branch, label=f"{rung.name} decay to {budget}: ", **steps)
         trained = nnx.merge(graphdef, branch_state.params)
         save_params(trained, os.path.join(budget_dir, "params"))
         result = dict(rung=rung.name, name=f"{rung.name}@{budget}", budget_steps=budget, fork_step=fork,

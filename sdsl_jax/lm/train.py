@@ -9,7 +9,9 @@ Schedule: warmup-stable-decay (WSD; Hu et al. 2024, "MiniCPM"; Hägele et al. 20
 and Compute-Optimal Training Beyond Fixed Training Durations"): linear warmup, a constant plateau,
 then a linear decay to zero over the last ``decay_fraction`` of the run. A decay branch taken from
 the plateau at step s gives a model trained on s tokens-budget at the cost of the short decay
-only, which is how one run yields several token budgets D for the loss law L(N, D).
+only, which is how one run yields several token budgets D for the loss law L(N, D). The schedule
+is data (:class:`WSD`), an argument of the compiled step rather than a constant in it, so that a
+rung's plateau and all its decay branches share one compiled program.
 
 :func:`run_steps` adds orbax checkpoints and exact resumption (batches are a function of the seed
 and the step); :func:`train` is one WSD run built on it, ``experiments.ladder`` the plateau and
@@ -18,6 +20,7 @@ decay branches.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -32,18 +35,61 @@ from sdsl_jax.lm.checkpoint import checkpoint_manager, restore_latest
 from sdsl_jax.lm.model import Transformer
 
 
+class WSD(NamedTuple):
+    """A warmup-stable-decay schedule as data: the learning rate rises linearly from 0 to ``peak``
+    over ``warmup_steps``, stays there until ``stable_end``, and falls linearly to 0 at
+    ``total_steps``. Its fields are arrays (float32 peak, int32 steps), traced by the compiled
+    step (:func:`make_scheduled_train_step`)."""
+
+    peak: jax.Array
+    warmup_steps: jax.Array
+    stable_end: jax.Array
+    total_steps: jax.Array
+
+
+NO_DECAY = 2**31 - 1
+"""``stable_end`` and ``total_steps`` of a schedule that never decays (a plateau run)."""
+
+
+def wsd(*, peak: float, warmup_steps: int, total_steps: int = NO_DECAY, stable_end: int | None = None,
+        decay_fraction: float = 0.2) -> WSD:
+    """A :class:`WSD`: the decay over the last ``decay_fraction`` of ``total_steps`` (rounded to whole
+    steps), or from ``stable_end`` when given. Without ``total_steps``, a plateau that never decays."""
+    if total_steps != NO_DECAY and stable_end is None:
+        if not 0 <= warmup_steps < total_steps or not 0 < decay_fraction < 1:
+            raise ValueError(f"need 0 <= warmup_steps < total_steps and 0 < decay_fraction < 1, got "
+                             f"{warmup_steps}, {total_steps}, {decay_fraction}")
+        stable_end = max(warmup_steps, total_steps - max(1, int(round(decay_fraction * total_steps))))
+    stable_end = total_steps if stable_end is None else stable_end
+    if not 0 <= warmup_steps <= stable_end <= total_steps:
+        raise ValueError(f"need 0 <= warmup_steps <= stable_end <= total_steps, got {warmup_steps}, {stable_end}, "
+                         f"{total_steps}")
+    return WSD(jnp.asarray(peak, jnp.float32), *(jnp.asarray(v, jnp.int32)
+                                                 for v in (warmup_steps, stable_end, total_steps)))
+
+
+def wsd_learning_rate(count: jax.Array, schedule: WSD) -> jax.Array:
+    """The learning rate of ``schedule`` at step ``count`` (float32)."""
+    peak, warmup, stable_end, total = schedule
+    count = jnp.asarray(count, jnp.int32)
+    c = count.astype(jnp.float32)
+    rise = jnp.maximum(warmup, 1).astype(jnp.float32)
+    fall = jnp.maximum(total - stable_end, 1).astype(jnp.float32)
+    warm = peak * (jnp.clip(c, 0.0, rise) / rise)
+    decay = peak * (1.0 - jnp.clip((count - stable_end).astype(jnp.float32), 0.0, fall) / fall)
+    return jnp.where(count < warmup, warm, jnp.where(count < stable_end, peak, decay))
+
+
 def wsd_schedule(*, peak: float, warmup_steps: int, total_steps: int, decay_fraction: float = 0.2) -> optax.Schedule:
-    """Warmup-stable-decay learning rate: 0 -> peak (linear), peak, then linear to 0 at ``total_steps``."""
-    if not 0 <= warmup_steps < total_steps or not 0 < decay_fraction < 1:
-        raise ValueError(f"need 0 <= warmup_steps < total_steps and 0 < decay_fraction < 1, got "
-                         f"{warmup_steps}, {total_steps}, {decay_fraction}")
-    decay_steps = max(1, int(round(decay_fraction * total_steps)))
-    stable_end = max(warmup_steps, total_steps - decay_steps)
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, max(warmup_steps, 1)), optax.constant_schedule(peak),
-         optax.linear_schedule(peak, 0.0, total_steps - stable_end)],
-        [warmup_steps, stable_end],
-    )
+    """Warmup-stable-decay learning rate: 0 -> peak (linear), peak, then linear to 0 at ``total_steps``
+    (:func:`wsd` as an optax schedule)."""
+    schedule = wsd(peak=peak, warmup_steps=warmup_steps, total_steps=total_steps, decay_fraction=decay_fraction)
+    return functools.partial(wsd_learning_rate, schedule=schedule)
+
+
+def scheduled_adamw(schedule: WSD, *, weight_decay: float) -> optax.GradientTransformation:
+    """AdamW under ``schedule``; its state has the same structure for every schedule."""
+    return optax.adamw(functools.partial(wsd_learning_rate, schedule=schedule), weight_decay=weight_decay)
 
 
 class TrainState(NamedTuple):
@@ -79,6 +125,25 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation):
 
     @jax.jit
     def step(state: TrainState, batch: jax.Array):
+        loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
+
+    return step
+
+
+@functools.lru_cache(maxsize=8)
+def make_scheduled_train_step(graphdef, *, weight_decay: float):
+    """A jitted ``step(state, batch, schedule) -> (state, loss)`` of :func:`scheduled_adamw`.
+
+    The schedule is an argument: one compiled program serves a rung's plateau and every decay
+    branch (and every :func:`train` of one model shape in a process).
+    """
+
+    @jax.jit
+    def step(state: TrainState, batch: jax.Array, schedule: WSD):
+        optimizer = scheduled_adamw(schedule, weight_decay=weight_decay)
         loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
         with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -157,9 +222,9 @@ def train(
     """
     mesh = data_mesh(devices)
     warmup = warmup_steps if warmup_steps is not None else max(1, steps // 20)
-    optimizer = optax.adamw(wsd_schedule(peak=peak_lr, warmup_steps=warmup, total_steps=steps,
-                                         decay_fraction=decay_fraction), weight_decay=0.1)
-    graphdef, state = init_train_state(Transformer(config, rngs=nnx.Rngs(seed)), optimizer, mesh)
+    schedule = wsd(peak=peak_lr, warmup_steps=warmup, total_steps=steps, decay_fraction=decay_fraction)
+    graphdef, state = init_train_state(Transformer(config, rngs=nnx.Rngs(seed)),
+                                       scheduled_adamw(schedule, weight_decay=0.1), mesh)
     manager = checkpoint_manager(checkpoint_dir, keep=2)
     restored = restore_latest(manager, state)
     if restored is not None:
@@ -167,7 +232,8 @@ def train(
         if progress:
             progress(f"resumed from the checkpoint at step {int(state.step)}")
     end = steps if stop_after is None else min(steps, stop_after)
-    state, losses = run_steps(make_train_step(graphdef, optimizer), state, tokens, end=end, seed=seed,
+    step = functools.partial(make_scheduled_train_step(graphdef, weight_decay=0.1), schedule=schedule)
+    state, losses = run_steps(step, state, tokens, end=end, seed=seed,
                               batch_size=batch_size, seq_len=seq_len, mesh=mesh, manager=manager,
                               checkpoint_every=checkpoint_every, progress=progress)
     manager.wait_until_finished()
