@@ -124,6 +124,9 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     closure = study["closures"][0]
     assert closure["process"] == "kaplan + plane" and study["processes"][0]["law"]["alpha_N"] > 0
     assert {t["target"] for t in closure["targets"]} == {"L3@1450", "L4@605"}
+    # One chain of 30 draws has no R-hat: every posterior fails, and the record says what failed.
+    assert closure["failed_checks"] and sorted(closure["check_problems"]) == closure["failed_checks"]
+    assert all(any("R-hat" in p for p in problems) for problems in closure["check_problems"].values())
     for t in closure["targets"]:
         assert np.isclose(sum(t["p_best"]), 1.0) and 0 <= t["true_best"] < len(t["drafts"])
     assert study["summary"]["overall"]["targets"] == 2 * len(closure["targets"])

@@ -222,7 +222,7 @@ def synthetic_closure(process: TrueProcess, runs, pairs, speculative, settings, 
     replaced by ``seed``); ``stack`` the names of the (loss-law families, acceptance models) fitted
     and stacked, as ``--stack`` names them. Returns a JSON-ready record: per target the forecast P(best), the
     true best, the 90% N* band with both truths, the Bayes decision and its true regret; and
-    the posteriors' failed checks.
+    the posteriors' failed checks, each with what failed.
     """
     from sdsl_jax.validation.closure import close_loop
     from sdsl_jax.validation.closure_fits import fit_in_sample
@@ -247,7 +247,8 @@ def synthetic_closure(process: TrueProcess, runs, pairs, speculative, settings, 
             bayes_regret=None if choice is None else float(1 - t[choice] / t.max())))
     failed = {name: d for name, d in (fit.diagnostics or {}).items() if isinstance(d, dict) and not d.get("ok", True)}
     forms = None if fit.stacking is None else fit.stacking.get("forms")
-    return dict(process=process.name, seed=seed, targets=targets, forms=forms, failed_checks=sorted(failed))
+    return dict(process=process.name, seed=seed, targets=targets, forms=forms, failed_checks=sorted(failed),
+                check_problems={name: list(d.get("problems", ())) for name, d in sorted(failed.items())})
 
 
 def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 10) -> dict:
