@@ -4,6 +4,7 @@
     python -m experiments.calibration --datasets 200 --only n-star         # N* bands with run effects
     python -m experiments.calibration --only sbc --datasets 100 --out fits/calibration   # SBC per family
     python -m experiments.calibration --only misspecified --datasets 200 --out fits/calibration/misspecified
+    python -m experiments.calibration --only misspecified --datasets 200 --shard 1/2 --out fits/calibration/misspecified
 
 ``plane``, ``loss-law``: coverage of each parameter's 90% interval over synthetic datasets at fixed
 true parameters. ``n-star``: coverage of the 90% N* bands on synthetic ladders with run effects
@@ -19,7 +20,8 @@ coefficients fitted to the real ladder), each closed by the whole procedure (the
 fitted and stacked, P(best), N* bands, the Bayes decision) and scored against its truth: coverage of
 the 90% N* bands, the reliability and expected calibration error of P(best), the decision's regret
 (:mod:`sdsl_jax.validation.misspecified`). SBC and misspecified are resumable: finished datasets are
-kept in ``<out>/stages/`` and a rerun of the same command fits only the others. The other studies
+kept in ``<out>/stages/`` and a rerun of the same command fits only the others. ``--shard I/K`` splits
+the misspecified closures over K processes (one per core), each with its own stage file. The other studies
 are in :mod:`sdsl_jax.validation.calibration`.
 """
 
