@@ -284,6 +284,11 @@ def _misspecified(args, command: str) -> dict | None:
           f"P(best) expected calibration error {overall['p_best_expected_calibration_error']:.3f} over "
           f"{overall['p_best_forecasts']} forecasts; in {summary['closures_where_every_form_failed_its_checks']} "
           "closures every form failed its posterior checks and all were stacked", flush=True)
+    for group, scores in summary["by_checks"].items():
+        if scores["targets"]:
+            ece = scores["p_best_expected_calibration_error"]
+            print(f"  closures where {group}: N* coverage {scores['n_star_coverage']:.2f} over {scores['targets']} "
+                  f"targets, P(best) ECE {'n/a' if ece is None else f'{ece:.3f}'}", flush=True)
     reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
     return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
                                        noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],

@@ -97,6 +97,8 @@ def test_summary_counts_coverage_and_left_out_forecasts():
     assert out["overall"]["n_star_coverage"] == pytest.approx(1 / 3)
     assert out["overall"]["p_best_forecasts"] == 4  # the single-candidate target carries no forecast
     assert out["by_process"]["x"]["n_star_coverage"] == 0.5
+    assert out["by_checks"]["every form failed (all stacked)"]["targets"] == 1  # y's
+    assert out["by_checks"]["some form passed"]["n_star_coverage"] == 0.5  # x's
 
 
 @pytest.mark.slow  # the closing procedure is the closures' (test_experiments), resuming the store's (test_sbc)

@@ -256,7 +256,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
 
     Targets with a single candidate carry no forecast and are left out of the reliability. Per
     process and over all; with the count of closures whose every form had a posterior that failed
-    its checks (the stacking then weighs them all). An N* band or truth that is not finite counts as a miss of the band
+    its checks (the stacking then weighs them all), and the same scores over those closures and over
+    the others apart (``by_checks``). An N* band or truth that is not finite counts as a miss of the band
     (reported apart as ``n_star_undefined``).
     """
     from sdsl_jax.forecast import reliability
@@ -287,10 +288,17 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
 
     # Where every fitted posterior failed its checks, the stacking weighted all forms (the fallback), not only
     # the passing ones: how often that decided the forecasts is part of the result.
-    every_failed = sum(1 for c in closures if c.get("failed_checks") and c.get("forms") is not None
-                       and all(any(part in c["failed_checks"] for part in form.split(" + ")) for form in c["forms"]))
-    out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=every_failed,
-               overall=summary([t for c in closures for t in c["targets"]]), by_process={})
+    def every_form_failed(c: dict) -> bool:
+        return bool(c.get("failed_checks")) and c.get("forms") is not None and all(
+            any(part in c["failed_checks"] for part in form.split(" + ")) for form in c["forms"])
+
+    fallback = [every_form_failed(c) for c in closures]
+    out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=sum(fallback),
+               overall=summary([t for c in closures for t in c["targets"]]), by_process={},
+               by_checks={"every form failed (all stacked)": summary(
+                              [t for c, f in zip(closures, fallback) if f for t in c["targets"]]),
+                          "some form passed": summary(
+                              [t for c, f in zip(closures, fallback) if not f for t in c["targets"]])})
     for name in dict.fromkeys(c["process"] for c in closures):
         out["by_process"][name] = summary([t for c in closures if c["process"] == name for t in c["targets"]])
     return out
