@@ -203,3 +203,33 @@ def test_each_family_states_its_priors_at_the_data_centre_and_returns_theta(name
     if name in ("chinchilla", "broken"):
         i, alpha = family.theta_names.index("a"), theta[family.theta_names.index("alpha")]
         np.testing.assert_allclose(moved[i] - theta[i], alpha * 7.0, rtol=1e-12)  # a = a_ref + alpha log N_ref
+
+
+def test_a_direction_that_does_not_descend_is_not_searched():
+    # A curvature pair with y . s < 0 (the gradient fell along the step: negative curvature) makes
+    # L-BFGS's direction point uphill; the guarded transformation returns a zero step instead, which
+    # the line search accepts at its first trial and the decrease rule then stops.
+    import optax
+
+    from sdsl_jax.infer.point import _stop_without_descent
+
+    plain, guarded = optax.scale_by_lbfgs(), _stop_without_descent(optax.scale_by_lbfgs())
+    with jax.numpy_dtype_promotion("standard"):  # optax's counters mix int32 and int64, as in fit_multistart
+        _check_descent_guard(plain, guarded)
+
+
+def _check_descent_guard(plain, guarded):
+    p0, p1 = jnp.array([0.0, 0.0]), jnp.array([1.0, 0.0])
+    g0, g1 = jnp.array([1.0, 0.5]), jnp.array([0.5, 0.5])  # s = (1, 0), y = (-0.5, 0): y . s < 0
+    for transform in (plain, guarded):
+        _, state = transform.update(g0, transform.init(p0), p0)
+        direction, _ = transform.update(g1, state, p1)
+        slope = float(jnp.vdot(g1, direction))
+        if transform is plain:
+            assert slope <= 0  # uphill: what the guard is for
+        else:
+            np.testing.assert_array_equal(np.asarray(direction), 0.0)
+    _, state = guarded.update(g0, guarded.init(p0), p0)
+    np.testing.assert_allclose(np.asarray(guarded.update(jnp.array([2.0, 0.5]), state, p1)[0]),
+                               np.asarray(plain.update(jnp.array([2.0, 0.5]), plain.update(g0, plain.init(p0), p0)[1],
+                                                       p1)[0]))  # a descent direction passes unchanged

@@ -88,11 +88,32 @@ def _require_x64(what: str) -> None:
         )
 
 
+def _stop_without_descent(lbfgs: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optax.scale_by_lbfgs`` whose direction is zeroed where it is not a descent direction.
+
+    Armijo backtracking does not enforce the curvature condition, so a pair with ``y . s <= 0``
+    can enter the memory: the preconditioned gradient ``P g`` is then not a descent direction
+    (``g . P g <= 0``) and no step size decreases the objective. The search would try all its
+    step sizes and move the start along an ascent direction; under ``vmap`` every start of the
+    batch waits for those trials. A zero direction is accepted at the first trial, the objective
+    does not decrease, and the start stops by the decrease rule (as it did after the full search).
+    """
+
+    def update_fn(updates, state, params=None):
+        direction, new_state = lbfgs.update(updates, state, params)
+        slope = optax.tree.real(optax.tree.vdot(updates, direction))
+        descent = jnp.isfinite(slope) & (slope > 0)
+        return jax.tree.map(lambda d: jnp.where(descent, d, jnp.zeros_like(d)), direction), new_state
+
+    return optax.GradientTransformation(lbfgs.init, update_fn)
+
+
 # L-BFGS with a backtracking (Armijo) line search: the unit step is accepted almost always, so
 # an iteration costs about one objective evaluation; optax's default zoom search cost ~2.5x more
 # time here for the same optimum.
-_BACKTRACKING = optax.lbfgs(linesearch=optax.scale_by_backtracking_linesearch(max_backtracking_steps=20,
-                                                                             store_grad=True))
+_BACKTRACKING = optax.chain(
+    _stop_without_descent(optax.scale_by_lbfgs()), optax.scale(-1.0),
+    optax.scale_by_backtracking_linesearch(max_backtracking_steps=20, store_grad=True))
 # Strong-Wolfe (zoom) line search: every accepted step satisfies the curvature condition, so the
 # L-BFGS memory stays positive definite. Armijo backtracking alone can store a pair with
 # y.s <= 0 on a badly conditioned, piecewise-quadratic (Huber) objective; the next direction is
