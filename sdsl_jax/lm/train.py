@@ -123,14 +123,14 @@ def init_train_state(model: Transformer, optimizer: optax.GradientTransformation
 def make_train_step(graphdef, optimizer: optax.GradientTransformation):
     """A jitted ``step(state, batch) -> (state, loss)``; shard ``batch`` with :func:`shard_batch`."""
 
-    @jax.jit
-    def step(state: TrainState, batch: jax.Array):
-        loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
-        with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
+    return jax.jit(lambda state, batch: _step(graphdef, optimizer, state, batch))
 
-    return step
+
+def _step(graphdef, optimizer: optax.GradientTransformation, state: TrainState, batch: jax.Array):
+    loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
+    with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
 
 
 @functools.lru_cache(maxsize=8)
@@ -143,11 +143,7 @@ def make_scheduled_train_step(graphdef, *, weight_decay: float):
 
     @jax.jit
     def step(state: TrainState, batch: jax.Array, schedule: WSD):
-        optimizer = scheduled_adamw(schedule, weight_decay=weight_decay)
-        loss, grads = jax.value_and_grad(lambda p: next_token_loss(graphdef, p, batch))(state.params)
-        with jax.numpy_dtype_promotion("standard"):  # optax mixes int32/int64 counters internally
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1), loss
+        return _step(graphdef, scheduled_adamw(schedule, weight_decay=weight_decay), state, batch)
 
     return step
 
