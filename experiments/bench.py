@@ -24,7 +24,7 @@ Sections:
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
   scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
               30,000 synthetic runs against SciPy's L-BFGS-B per start, with the share of starts that
-              reach the optimum; NUTS on 30 to 3,000 runs.
+              reach the optimum; NUTS on 30 to 3,000 runs (--scaling-parts picks these tables).
 
 Timings are medians over repeats after a warm-up (compilation is reported separately).
 """
@@ -41,7 +41,7 @@ from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_calibration, bench_loss_law_fit, bench_nuts_geometry,
                                               bench_nuts_reuse)
 from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
-from experiments.benchmarks.scaling import bench_scaling
+from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
 from experiments.runlog import run_command, write_json
 
 
@@ -64,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="synthetic datasets per model for the calibration check (default 40)")
     parser.add_argument("--nuts-datasets", type=int, default=10,
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
+    parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
+                        help="the scaling section's tables, comma-separated (default: all of "
+                             f"{','.join(SCALING_PARTS)})")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.scaling_parts.split(",")) - set(SCALING_PARTS))
+    if unknown:
+        parser.error(f"--scaling-parts: unknown table(s) {unknown}; choose from {','.join(SCALING_PARTS)}")
     for name in ("points", "targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -89,7 +95,7 @@ def run_benchmarks(args, argv) -> int:
         elif name == "geometry":
             results += bench_nuts_geometry()
         elif name == "scaling":
-            results += bench_scaling(args.repeats)
+            results += bench_scaling(args.repeats, args.scaling_parts.split(","))
         else:
             results += bench_calibration(args.calibration_datasets)
     if args.json:

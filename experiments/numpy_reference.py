@@ -8,6 +8,8 @@ underflow in float64 (r up to a few thousand at typical alpha), which covers the
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import scipy.optimize
 import scipy.special
@@ -56,12 +58,16 @@ def optimal_draft_size_grid(m, d_draft, d_target, loss, plane, *, n_min=1e3, poi
                               points=points, levels=levels)
 
 
-def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, grid=32, xatol=1e-10):
+def optimal_draft_size_scalar(m, d_draft, d_target, loss, plane, *, n_min=1e3, grid=None, xatol=1e-10):
     """N* by ``scipy.optimize.minimize_scalar`` (bounded Brent) on -log T over log N.
 
-    The bracket comes from a ``grid``-point log grid, as the JAX solver's does, so both solve the same
-    problem from the same information.
+    The bracket comes from a ``grid``-point log grid (default: the JAX solver's default ``num_grid``),
+    as the JAX solver's does, so both solve the same problem from the same information.
     """
+    if grid is None:
+        from sdsl_jax import solve_draft_size
+
+        grid = inspect.signature(solve_draft_size).parameters["num_grid"].default
     u = np.linspace(np.log(n_min), np.log(m), grid)
     t = composite_throughput(np.exp(u), m, d_draft, d_target, loss, plane)
     k = int(np.nanargmax(t))

@@ -7,9 +7,10 @@ docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as th
 
 1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
    detects the failure modes (no admissible draft, no speed-up, maximum at the lower bound);
-2. safeguarded Newton on ``g`` inside the bracket (``g'`` by autodiff; a bisection step
-   whenever the Newton step leaves the bracket or lands where the model is inadmissible),
-   until the step is below ``tol`` in ``log N``;
+2. safeguarded Newton on ``g`` inside the bracket, from the vertex of the parabola through the
+   grid maximum and its two neighbours (``g'`` by autodiff; a bisection step whenever the Newton
+   step leaves the bracket or lands where the model is inadmissible), until the step is below
+   ``tol`` in ``log N``;
 3. derivatives of N* with respect to every float input (M, D, D', each field of the loss law and
    the plane) by the implicit function theorem (a ``jax.custom_jvp`` on the located root):
    ``du*/dtheta = -(dg/dtheta) / (dg/du)``. The iterations are never differentiated.
@@ -190,8 +191,16 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
 
     u0 = grid[k]
     lo, hi = grid[jnp.maximum(k - 1, 0)], grid[jnp.minimum(k + 1, num_grid - 1)]
-    u, _, _, done, steps = jax.lax.while_loop(cond, body, (u0, lo, hi, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     spacing = (log_m - log_n_min) / (num_grid - 1)
+    # Newton starts at the vertex of the parabola through the grid maximum and its neighbours (where
+    # all three are admissible): on a coarse grid that saves a step for the slowest lanes, and a
+    # vmapped loop runs as many steps as its slowest lane.
+    f_lo, f_k, f_hi = gain[jnp.maximum(k - 1, 0)], gain[k], gain[jnp.minimum(k + 1, num_grid - 1)]
+    curvature = f_lo - 2.0 * f_k + f_hi
+    interior = (k > 0) & (k < num_grid - 1) & jnp.isfinite(f_lo) & jnp.isfinite(f_hi) & (curvature < 0)
+    vertex = u0 + 0.5 * spacing * (f_lo - f_hi) / jnp.where(interior, curvature, -1.0)
+    start = jnp.where(interior, jnp.clip(vertex, lo, hi), u0)
+    u, _, _, done, steps = jax.lax.while_loop(cond, body, (start, lo, hi, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
     at_lower = (k == 0) & (u - log_n_min <= 1e-3 * spacing)
     # The checks at u itself (alpha < 1 there, T finite there) are made by _solve_flat, which
     # evaluates the model at u once for them and for its outputs (_final_status).
@@ -245,7 +254,7 @@ def solve_draft_size(
     plane: AcceptanceRateModel = SDSL2026,
     cost: IterationCostModel = SDSL_FLOPS,
     n_min: float = 1.0,
-    num_grid: int = 32,
+    num_grid: int = 12,
     max_steps: int = 60,
     tol: float | None = None,
 ) -> DraftSizeSolution:

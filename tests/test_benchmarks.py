@@ -1,6 +1,7 @@
 """The benchmarks compare equal things: points inside the domain, starts that reach the optimum."""
 
 import numpy as np
+import pytest
 import scipy.special
 
 from experiments.benchmarks.inference import reached_share
@@ -17,3 +18,18 @@ def test_the_share_of_starts_reaching_the_optimum_counts_only_those_within_the_t
     best = 1.0e-3
     values = np.array([best, best * (1 + 5e-10), best * (1 + 1e-6), np.nan, 2 * best])
     assert reached_share(values, best) == 2 / 5
+
+
+def test_scaling_runs_only_the_tables_asked_for(monkeypatch, capsys):
+    from experiments import bench
+    from experiments.benchmarks import scaling
+
+    ran = []
+    for part in ("_scaling_point_fit", "_scaling_nuts"):
+        monkeypatch.setattr(scaling, part, lambda part=part: ran.append(part) or [])
+    monkeypatch.setattr(scaling, "_scaling_n_star", lambda repeats: ran.append("_scaling_n_star") or [])
+    assert bench.main(["--only", "scaling", "--scaling-parts", "nuts,n_star"]) == 0
+    assert ran == ["_scaling_n_star", "_scaling_nuts"]
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--only", "scaling", "--scaling-parts", "nstar"])
+    assert exit_.value.code == 2 and "nstar" in capsys.readouterr().err

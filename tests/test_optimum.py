@@ -222,3 +222,16 @@ def test_newton_converges_in_a_few_steps_across_many_targets():
     sol = solve_draft_size(np.geomspace(1e9, 2e11, 2000), d_draft=1e12, d_target=1e12, n_min=1e3)
     assert np.all(sol.status == SolveStatus.SUCCESS)
     assert int(sol.num_steps.max()) <= 6
+
+
+@pytest.mark.parametrize("n_min", [1.0, 1e3])
+def test_newton_from_the_grid_parabola_needs_three_steps(n_min):
+    # The default grid is coarse (12 points over up to 25 in log N); Newton starts at the vertex
+    # of the parabola through the grid maximum and its neighbours. The vmapped loop runs as many
+    # steps as its slowest target, so the maximum is what costs; the answer is the fine grid's.
+    m = np.geomspace(1e9, 2e11, 2000)
+    sol = solve_draft_size(m, d_draft=1e12, d_target=1e12, n_min=n_min)
+    fine = solve_draft_size(m, d_draft=1e12, d_target=1e12, n_min=n_min, num_grid=64)
+    assert np.all(sol.status == SolveStatus.SUCCESS)
+    assert int(sol.num_steps.max()) <= 3
+    np.testing.assert_allclose(sol.n_star, fine.n_star, rtol=1e-13)

@@ -31,8 +31,13 @@ def synthetic_runs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np
     return n, d, np.asarray(pretraining_loss(n, d, HOFFMANN2022)) * np.exp(0.02 * rng.standard_normal(rows))
 
 
-def bench_scaling(repeats: int) -> list[dict]:
-    return _scaling_n_star(repeats) + _scaling_point_fit() + _scaling_nuts()
+SCALING_PARTS = ("n_star", "fit", "nuts")
+
+
+def bench_scaling(repeats: int, parts=SCALING_PARTS) -> list[dict]:
+    """The scaling tables named in ``parts`` (any of :data:`SCALING_PARTS`), in that order."""
+    run = {"n_star": lambda: _scaling_n_star(repeats), "fit": _scaling_point_fit, "nuts": _scaling_nuts}
+    return [row for part in SCALING_PARTS if part in parts for row in run[part]()]
 
 
 def _scaling_n_star(repeats: int) -> list[dict]:
