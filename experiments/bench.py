@@ -5,7 +5,7 @@
 
 Sections:
   lambertw    1e6 float64 points per branch, jitted and vmapped, against scipy.special.lambertw;
-              both accuracies measured against mpmath (50 digits) on a subsample.
+              both accuracies measured against mpmath (50 digits) on a subsample and near -1/e.
   draft_size  N* for 10,000 target sizes in one vectorised call against a Python loop of
               scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
               (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.

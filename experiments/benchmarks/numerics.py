@@ -54,6 +54,15 @@ def lambertw_points(k: int, n: int) -> np.ndarray:
     return np.concatenate([negative, np.geomspace(1e-300, 1e300, n - n // 2)])
 
 
+def near_branch_point_points(n: int) -> np.ndarray:
+    """Points ``z = (p^2 / 2 - 1) / e`` for ``p = sqrt(2 (e z + 1))`` log-spaced over [1e-4, 1.4], inside
+    the domain: the region where the series, the switch to an iteration and the iteration's loss of
+    accuracy (its rounding divided by ``1 + w ~ p``) lie, which log-spaced points in z barely visit."""
+    with mpmath.workdps(50):
+        z = np.array([float((mpmath.mpf(p) ** 2 / 2 - 1) / mpmath.e) for p in np.geomspace(1e-4, 1.4, n)])
+    return z[z >= np.nextafter(-1 / np.e, 0.0)]
+
+
 def bench_lambertw(points: int, repeats: int) -> list[dict]:
     mpmath.mp.dps = 50
     rows = []
@@ -66,7 +75,7 @@ def bench_lambertw(points: int, repeats: int) -> list[dict]:
         compile_s = time.perf_counter() - start
         t_jax = median_time(lambda: fn(zj).block_until_ready(), repeats)
         t_scipy = median_time(lambda: scipy.special.lambertw(z, k), repeats)
-        sub = z[:: max(1, points // 2000)]
+        sub = np.concatenate([z[:: max(1, points // 2000)], near_branch_point_points(300)])
         want = np.array([float(mpmath.lambertw(mpmath.mpf(float(x)), k).real) for x in sub])
         err_jax = np.max(np.abs(np.asarray(fn(jnp.asarray(sub))) - want) / np.abs(want))
         err_scipy = np.max(np.abs(scipy.special.lambertw(sub, k).real - want) / np.abs(want))
