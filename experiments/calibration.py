@@ -284,11 +284,16 @@ def _misspecified(args, command: str) -> dict | None:
           f"P(best) expected calibration error {overall['p_best_expected_calibration_error']:.3f} over "
           f"{overall['p_best_forecasts']} forecasts; in {summary['closures_where_every_form_failed_its_checks']} "
           "closures every form failed its posterior checks and all were stacked", flush=True)
-    for group, scores in summary["by_checks"].items():
+    groups = [(f"closures where {g}", v) for g, v in summary["by_checks"].items()]
+    groups += [(f"closures with the {g} of the weight", v) for g, v in summary["by_true_family_weight"].items()]
+    groups += [(f"process {g}", v) for g, v in summary["by_process"].items()]
+    for group, scores in groups:
         if scores["targets"]:
             ece = scores["p_best_expected_calibration_error"]
-            print(f"  closures where {group}: N* coverage {scores['n_star_coverage']:.2f} over {scores['targets']} "
-                  f"targets, P(best) ECE {'n/a' if ece is None else f'{ece:.3f}'}", flush=True)
+            bias, width = scores["n_star_median_log_ratio"], scores["n_star_median_log_width"]
+            print(f"  {group}: N* coverage {scores['n_star_coverage']:.2f} over {scores['targets']} targets"
+                  + ("" if bias is None else f" (median log(band median / truth) {bias:+.2f}, log width {width:.2f})")
+                  + f", P(best) ECE {'n/a' if ece is None else f'{ece:.3f}'}", flush=True)
     reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
     return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
                                        noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],

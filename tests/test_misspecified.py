@@ -99,6 +99,14 @@ def test_summary_counts_coverage_and_left_out_forecasts():
     assert out["by_process"]["x"]["n_star_coverage"] == 0.5
     assert out["by_checks"]["every form failed (all stacked)"]["targets"] == 1  # y's
     assert out["by_checks"]["some form passed"]["n_star_coverage"] == 0.5  # x's
+    # Bias and width of the finite bands (x's two): medians of log(2 / 2.5), log(2 / 4) and of log 3.
+    assert out["overall"]["n_star_median_log_ratio"] == pytest.approx(np.median([np.log(0.8), np.log(0.5)]))
+    assert out["overall"]["n_star_median_log_width"] == pytest.approx(np.log(3.0))
+    # x gave its true family (chinchilla) 0.6 of the weight; y's process names no stacked family.
+    assert out["by_true_family_weight"]["true family over half"]["targets"] == 0
+    closures[0]["process"] = "chinchilla + plane"
+    split = summarize_closures(closures)["by_true_family_weight"]
+    assert split["true family over half"]["targets"] == 2 and split["true family at most half"]["targets"] == 1
 
 
 @pytest.mark.slow  # the closing procedure is the closures' (test_experiments), resuming the store's (test_sbc)

@@ -258,12 +258,16 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
     process and over all; with the count of closures whose every form had a posterior that failed
     its checks (the stacking then weighs them all), and the same scores over those closures and over
     the others apart (``by_checks``). An N* band or truth that is not finite counts as a miss of the band
-    (reported apart as ``n_star_undefined``).
+    (reported apart as ``n_star_undefined``). Coverage alone does not say why a band misses, so each
+    summary also has the median of ``log(band median / truth)`` (a bias; 0 for a band centred on
+    the truth) and the median ``log(upper / lower)`` (the band's width); and the scores are split by
+    whether the stacking gave the true process's loss-law family more than half the weight
+    (``by_true_family_weight``).
     """
     from sdsl_jax.forecast import reliability
 
     def summary(items: list[dict]) -> dict:
-        p, hit, covered, covered_mean, undefined, regret = [], [], [], [], 0, []
+        p, hit, covered, covered_mean, undefined, regret, log_ratio, log_width = [], [], [], [], 0, [], [], []
         for t in items:
             if t["p_best"] is not None and len(t["drafts"]) > 1:
                 p.extend(t["p_best"])
@@ -274,6 +278,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
                 covered.append(False)
             else:
                 covered.append(band[0] <= t["n_star_new"] <= band[-1])
+                log_ratio.append(float(np.log(band[len(band) // 2] / t["n_star_new"])))
+                log_width.append(float(np.log(band[-1] / band[0])))
             if band is not None and all(np.isfinite(band)) and np.isfinite(t["n_star_mean"]):
                 covered_mean.append(band[0] <= t["n_star_mean"] <= band[-1])
             if t["bayes_regret"] is not None:
@@ -282,6 +288,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
         return dict(targets=len(items), n_star_coverage=float(np.mean(covered)) if covered else None,
                     n_star_coverage_of_mean_curve=float(np.mean(covered_mean)) if covered_mean else None,
                     n_star_undefined=undefined, nominal=level,
+                    n_star_median_log_ratio=float(np.median(log_ratio)) if log_ratio else None,
+                    n_star_median_log_width=float(np.median(log_width)) if log_width else None,
                     p_best_expected_calibration_error=None if rel is None else rel.expected_calibration_error,
                     p_best_reliability=None if rel is None else rel._asdict(),
                     p_best_forecasts=len(p), bayes_regret_mean=float(np.mean(regret)) if regret else None)
@@ -292,13 +300,22 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
         return bool(c.get("failed_checks")) and c.get("forms") is not None and all(
             any(part in c["failed_checks"] for part in form.split(" + ")) for form in c["forms"])
 
+    def true_family_leads(c: dict) -> bool:
+        family = c["process"].split(" + ")[0]
+        return sum(w for form, w in (c.get("forms") or {}).items() if form.split(" + ")[0] == family) > 0.5
+
     fallback = [every_form_failed(c) for c in closures]
+    leads = [true_family_leads(c) for c in closures]
     out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=sum(fallback),
                overall=summary([t for c in closures for t in c["targets"]]), by_process={},
                by_checks={"every form failed (all stacked)": summary(
                               [t for c, f in zip(closures, fallback) if f for t in c["targets"]]),
                           "some form passed": summary(
-                              [t for c, f in zip(closures, fallback) if not f for t in c["targets"]])})
+                              [t for c, f in zip(closures, fallback) if not f for t in c["targets"]])},
+               by_true_family_weight={"true family over half": summary(
+                                          [t for c, k in zip(closures, leads) if k for t in c["targets"]]),
+                                      "true family at most half": summary(
+                                          [t for c, k in zip(closures, leads) if not k for t in c["targets"]])})
     for name in dict.fromkeys(c["process"] for c in closures):
         out["by_process"][name] = summary([t for c in closures if c["process"] == name for t in c["targets"]])
     return out
