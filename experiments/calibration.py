@@ -210,7 +210,7 @@ def _misspecified(args, command: str) -> dict | None:
     from experiments.runlog import UsageError
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
-    from sdsl_jax.figures import reliability_figure
+    from sdsl_jax.figures import n_star_band_figure, reliability_figure
     from sdsl_jax.loss_laws import FAMILIES
     from sdsl_jax.store import append_stage_line, read_stage_lines
     from sdsl_jax.validation.closure_fits import ClosureSettings
@@ -295,6 +295,7 @@ def _misspecified(args, command: str) -> dict | None:
                   + ("" if bias is None else f" (median log(band median / truth) {bias:+.2f}, log width {width:.2f})")
                   + f", P(best) ECE {'n/a' if ece is None else f'{ece:.3f}'}", flush=True)
     reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
+    n_star_band_figure(os.path.join(args.out, "misspecified_n_star_bands.png"), closures, caption=command)
     return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
                                        noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],
                 summary=summary, closures=closures)

@@ -21,7 +21,7 @@ from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.store import atomic_write
 
 __all__ = ["format_size", "loss_law_figure", "n_star_figure", "throughput_figure", "acceptance_figure",
-           "fit_figures", "reliability_figure"]
+           "fit_figures", "reliability_figure", "n_star_band_figure"]
 
 
 def format_size(n: float) -> str:
@@ -260,5 +260,36 @@ def reliability_figure(path: str, summary: dict, *, caption: str) -> str:
         ax.set_ylim(0, 1)
         ax.set_xlabel("forecast P(best)")
         ax.set_ylabel("share that was the true best")
+    fig.tight_layout()
+    return save_figure(fig, path, caption)
+
+
+def n_star_band_figure(path: str, closures: list[dict], *, caption: str) -> str:
+    """Each synthetic target's 90% N* band against the N* it should cover, one panel per true process
+    (closures of :func:`sdsl_jax.validation.misspecified.synthetic_closure`): the band's median as a
+    point and its ends as a line, on log axes; a band that misses is drawn in red. The diagonal is
+    a band centred on the truth; coverage says how often a band crosses it, the picture also says
+    by how much and to which side the others miss."""
+    by_process: dict[str, list[dict]] = {}
+    for closure in closures:
+        by_process.setdefault(closure["process"], []).extend(closure["targets"])
+    fig = Figure(figsize=(3.4 * max(len(by_process), 1), 3.6))
+    for ax, (name, targets) in zip(fig.subplots(1, max(len(by_process), 1), squeeze=False)[0], by_process.items()):
+        rows = np.array([[t["n_star_new"], *t["n_star_band"]] for t in targets
+                         if t["n_star_band"] is not None and np.all(np.isfinite([t["n_star_new"], *t["n_star_band"]]))])
+        if rows.size:
+            # Columns: the truth, then the band's quantiles (lower, median, upper).
+            truth, low, mid, high = rows[:, 0], rows[:, 1], rows[:, 1 + (rows.shape[1] - 1) // 2], rows[:, -1]
+            hit = (low <= truth) & (truth <= high)
+            for mask, colour in ((hit, "C0"), (~hit, "C3")):
+                ax.vlines(truth[mask], low[mask], high[mask], color=colour, lw=0.5, alpha=0.25)
+                ax.plot(truth[mask], mid[mask], ".", color=colour, ms=2.5, alpha=0.6)
+            span = [min(truth.min(), low.min()), max(truth.max(), high.max())]
+            ax.plot(span, span, color="0.5", lw=1)
+            ax.set_title(f"truth: {name}\n{int(hit.sum())} of {len(hit)} bands cover", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("true N* (new draft series and target)")
+        ax.set_ylabel("90% band and median")
     fig.tight_layout()
     return save_figure(fig, path, caption)

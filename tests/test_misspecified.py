@@ -128,6 +128,7 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     assert not (tmp_path / "misspecified.json").exists()
     assert calibration.main(args + ["--shard", "1/2"]) == 0
     assert "closure 1/2" not in capsys.readouterr().out
+    assert (tmp_path / "misspecified_reliability.png").exists() and (tmp_path / "misspecified_n_star_bands.png").exists()
     record = json.loads((tmp_path / "misspecified.json").read_text())
     study = record["studies"]["misspecified"]
     assert [c["seed"] for c in study["closures"]] == [0, 1]
@@ -147,3 +148,15 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
         study["closures"]
     assert calibration.main(args + ["--shard", "2/2"]) == 2
     assert "--shard" in capsys.readouterr().err
+
+
+def test_band_figure_draws_every_process_and_skips_undefined_bands(tmp_path):
+    from sdsl_jax.figures import n_star_band_figure
+
+    def target(band, truth):
+        return dict(n_star_band=band, n_star_new=truth)
+
+    closures = [dict(process="x", targets=[target([1e3, 2e3, 4e3], 3e3), target([1e3, 2e3, 4e3], 9e3)]),
+                dict(process="y", targets=[target(None, 1e3), target([1e2, float("nan"), 1e4], 1e3)])]
+    path = n_star_band_figure(str(tmp_path / "bands.png"), closures, caption="test")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
