@@ -134,7 +134,10 @@ def predict(args, log: Log) -> dict:
 def _score(args, argv, log: Log) -> int:
     import json
 
+    from experiments.runlog import configure_jax
     from sdsl_jax import load_acceptance
+
+    configure_jax()  # float64: the measured T and the regrets are computed here
 
     path = os.path.join(args.out, "predictions.json")
     if not os.path.isfile(path):
