@@ -71,6 +71,24 @@ def test_float64_is_within_two_ulp_near_the_branch_point(k):
     assert relative_error(got, want).max() <= 2 * np.finfo(np.float64).eps
 
 
+def test_float64_w0_is_within_two_ulp_where_its_first_step_changes_method():
+    # float64 W_0 starts from rough logarithms and z (1 - z) below |z| = 1e-4, from log z above
+    # z = 1e8 and from the series below z = -0.25.
+    rng = np.random.default_rng(0)
+    edges = np.array([1e-4, -1e-4, 1e8, -0.25])
+    offsets = np.geomspace(1e-15, 1e-2, 60)
+    around = (edges[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()
+    # XLA on CPU flushes subnormals to zero, so the domain's ends are the smallest normal and the largest float.
+    tiny, huge = np.finfo(np.float64).tiny, np.finfo(np.float64).max
+    extremes = np.concatenate([np.geomspace(tiny, 1e-300, 40), -np.geomspace(tiny, 1e-300, 40),
+                               np.geomspace(1e300, 1e308, 40), [huge]])
+    z = np.concatenate([around, extremes, rng.uniform(-INV_E, 10.0, 2000)])
+    z = z[z > -INV_E]
+    got = np.asarray(jax.jit(lambertw)(jnp.asarray(z)))
+    want = np.array([mp_lambertw(x, 0) for x in z])
+    assert relative_error(got, want).max() <= 2 * np.finfo(np.float64).eps
+
+
 def test_points_within_1e12_of_branch_point():
     z = -INV_E + np.geomspace(1e-17, 1e-12, 60)
     for k in (0, -1):
