@@ -270,7 +270,9 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
     The acceptance posterior, which does not depend on the loss law's form, is ``result``'s, shared;
     ``stages_for(name)`` gives each form its resumable stages; ``run_kwargs`` (NUTS settings, effects,
     ``predictive``) go to :func:`sdsl_jax.pipeline.run`. Returns the result with the mixture's bands
-    and the record of the stacking (weights, PSIS-LOO, forms skipped, each form's N*).
+    and the record of the stacking (weights, PSIS-LOO, forms skipped, each form's N*, and each form's
+    identification: 1 - posterior variance / prior variance per parameter of its prior,
+    :func:`sdsl_jax.infer.posterior.identification`).
     """
     from sdsl_jax import pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data
@@ -308,6 +310,9 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
                 "fit is --law's. For extrapolation to unseen sizes see experiments.holdout (grouped folds).",
         n_star_point={name: np.asarray(r.prediction.named.n_star).tolist() for name, r in results.items()},
         n_star_median={name: np.asarray(r.prediction.target_bands.n_star[q.index(0.5)]).tolist()
-                       for name, r in results.items()})
+                       for name, r in results.items()},
+        identification={name: dict(zip(r.posterior.identification.names,
+                                       map(float, r.posterior.identification.contraction)))
+                        for name, r in results.items() if r.posterior.identification is not None})
     pred = result.prediction._replace(bands=grid_bands, target_bands=named_bands)
     return result._replace(prediction=pred), entry

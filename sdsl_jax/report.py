@@ -230,6 +230,9 @@ def format_table(summary: dict) -> str:
         for i, name in enumerate(st["forms"]):
             print(f"  {name:>10}: weight {st['weights'][i]:.3f}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
                   f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(format_size(v) for v in st["n_star_point"][name]))
+            if name in st.get("identification", {}):
+                print(" " * 14 + "posterior against prior (1 - variance ratio): " + ", ".join(
+                    f"{k} {c:.2f}" for k, c in st["identification"][name].items()))
         for name, why in st["skipped"].items():
             print(f"  {name:>10}: not fitted ({why})")
         print("  The bands above are the stacked mixture's.")

@@ -144,6 +144,10 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     stacking = summary["stacking"]
     assert stacking["forms"] == ["chinchilla", "kaplan"] and abs(sum(stacking["weights"]) - 1) < 1e-6
+    # Each form says how far its posterior moved from its prior, parameter by parameter (the N exponent too).
+    assert set(stacking["identification"]["kaplan"]) == {"alpha_N", "alpha_D", "l_N", "l_D"}
+    assert "alpha" in stacking["identification"]["chinchilla"]
+    assert all(c <= 1 for form in stacking["identification"].values() for c in form.values())
     assert summary["settings"]["run_effects"] is True and summary["settings"]["bands"] == "posterior-predictive"
     # The ladder's pairs share draft and target models: the acceptance posterior has their effects.
     assert summary["settings"]["model_effects"] is True
