@@ -124,7 +124,7 @@ def _rough_log(x: jax.Array) -> jax.Array:
 
     ``x = m 2^e`` with ``m`` in [1/sqrt 2, sqrt 2) and ``log m = 2 atanh(s)``, ``s = (m-1)/(m+1)``
     (``|s| <= 0.172``), summed to ``s^9``: the first term left out is below 2 s^11 / 11 = 7e-10.
-    Five multiply-adds and a division cost less than half of float64's ``log`` on CPUs.
+    Five multiply-adds and a division cost less than float64's ``log`` on CPUs.
     """
     m, e = jnp.frexp(x)
     low = m < 0.7071067811865476
@@ -137,6 +137,13 @@ def _rough_log(x: jax.Array) -> jax.Array:
     return e.astype(x.dtype) * math.log(2.0) + 2.0 * s * poly
 
 
+def _winitzki_or_series(z: jax.Array, series: jax.Array, log1p) -> jax.Array:
+    """The first guess on ``W_0``: the branch-point series below z = -0.25, Winitzki's approximation
+    ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above, with ``log1p`` the logarithm to use."""
+    log1pz = log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
+    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - log1p(log1pz) / (2.0 + log1pz)))
+
+
 def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     """W_0 to about 1e-8 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
 
@@ -144,11 +151,9 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     rounding for e ~ 1e-8, so the first step needs no more than :func:`_rough_log` gives, and the
     library logarithm (``log1p`` costs two) is paid once, in the last step. The step uses
     ``log(z / w) = log|z| - log|w|`` (z and w share their sign). Below |z| = 1e-4 the start is
-    ``z - z^2`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
+    ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
-    log1pz = _rough_log(1.0 + jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    winitzki = log1pz * (1.0 - _rough_log(1.0 + log1pz) / (2.0 + log1pz))
-    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, winitzki)
+    w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x))
     w_nz = jnp.where(w == 0, 1.0, w)
     w = _fritsch_step(w, _rough_log(jnp.abs(z)) - _rough_log(jnp.abs(w_nz)))
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
@@ -162,9 +167,7 @@ def _branch0(z: jax.Array) -> jax.Array:
     if z.dtype == jnp.float64:
         w, steps = _branch0_start(z, series), 1
     else:
-        log1pz = jnp.log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-        winitzki = log1pz * (1.0 - jnp.log1p(log1pz) / (2.0 + log1pz))
-        w, steps = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, winitzki), _NUM_FRITSCH_STEPS
+        w, steps = _winitzki_or_series(z, series, jnp.log1p), _NUM_FRITSCH_STEPS
     # z/w -> 1 as z -> 0; keep the ratio defined there and patch z == 0 below.
     w = jnp.where(z == 0, 1.0, w)
     z_nz = jnp.where(z == 0, 1.0, z)
