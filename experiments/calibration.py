@@ -171,8 +171,8 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
         groups = {}
         if effects:
             draft, _, target, _ = pairs.model_index()
-            groups = dict(draft=draft, target=target)
-        record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=effects)
+            groups = dict(draft=draft, target=target, effect_sides=effects)
+        record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=list(effects))
 
         def acceptance_study(name, **kw):
             return acceptance_sbc(ACCEPTANCE_MODELS[name], pairs.ppl_draft, pairs.ppl_target,

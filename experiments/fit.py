@@ -190,9 +190,10 @@ def fit_and_predict(args, inputs: Inputs, log):
             why = "--run-effects " + args.run_effects
             if model_effects is None:
                 model_effects, why = acceptance.model_effects_identified()
-            fingerprint.update(model_effects=bool(model_effects))
-            log("posterior: " + ("per-draft and per-target model effects in the acceptance model (pairs sharing a "
-                                 "model share its effect)" if model_effects else "acceptance pairs independent")
+            sides = ("draft", "target") if model_effects is True else tuple(model_effects or ())
+            fingerprint.update(model_effects=list(sides))
+            log("posterior: " + (f"per-{' and per-'.join(sides)} model effects in the acceptance model (pairs sharing "
+                                 "a model share its effect)" if sides else "acceptance pairs independent")
                 + f" ({why})")
     stages = StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)

@@ -28,6 +28,7 @@ import numpy as np
 from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
+from sdsl_jax.infer.models import EFFECT_SIDES
 from sdsl_jax.infer.point import NEAR_OPTIMUM, degenerate_coefficients, fit_acceptance_plane, fit_loss_law, rival_optima
 from sdsl_jax.infer.posterior import identification, laws_from_posterior, planes_from_posterior, sample_loss_law, sample_plane
 from sdsl_jax.infer.results import PointFit, Posterior, PosteriorChecks
@@ -132,7 +133,7 @@ def sample_posterior(
     seed: int = 0,
     plane_seed: int | None = None,
     run_effects: bool | None = None,
-    model_effects: bool | None = None,
+    model_effects: bool | tuple[str, ...] | None = None,
     plane_run: PosteriorRun | None = None,
     law_run: PosteriorRun | None = None,
     retries: int = 0,
@@ -149,8 +150,9 @@ def sample_posterior(
     at two or more budgets D, where the effects are identified. ``model_effects``: the acceptance
     model with a random effect per draft and per target model
     (:func:`sdsl_jax.infer.models.model_effects_plane_model_for`; models from
-    :meth:`AcceptanceMeasurements.model_index`); None uses it when some model is in two or more
-    pairs. ``plane_run``: an acceptance posterior of the same data and model to reuse instead of
+    :meth:`AcceptanceMeasurements.model_index`): True for both kinds of model, or the kinds to give
+    effects (``("draft",)``); None gives them to each kind whose effects' scale the design identifies
+    (:meth:`AcceptanceMeasurements.model_effects_identified`). ``plane_run``: an acceptance posterior of the same data and model to reuse instead of
     sampling one (it does not depend on the loss law: forms compared side by side share it);
     ``law_run`` likewise a loss-law posterior of the same data and family (acceptance models
     compared side by side share it). ``retries``: a run that fails its checks is run again, at
@@ -198,17 +200,19 @@ def _law_posterior(runs: PretrainingRuns, point: PointFit, *, run_effects: bool 
     return law_run
 
 
-def _acceptance_posterior(acceptance: AcceptanceMeasurements, point: PointFit, *, model_effects: bool | None,
+def _acceptance_posterior(acceptance: AcceptanceMeasurements, point: PointFit, *,
+                          model_effects: bool | tuple[str, ...] | None,
                           seed: int, stages: StageStore | None, log: Log, **kw) -> PosteriorRun:
     """The acceptance model's NUTS run (with per-model effects where asked, or where identified), or
     the stored one on ``--resume``."""
     if model_effects is None:
         model_effects, why = acceptance.model_effects_identified()
-        log(f"posterior: per-model acceptance effects {'on' if model_effects else 'off'} ({why})")
+        log(f"posterior: per-model acceptance effects {' and '.join(model_effects) or 'off'} ({why})")
     groups = {}
     if model_effects:
         draft, _, target, _ = acceptance.model_index()
-        groups = dict(draft=draft, target=target)
+        sides = EFFECT_SIDES if model_effects is True else tuple(model_effects)
+        groups = dict(draft=draft, target=target, effect_sides=sides)
     progress = _nuts_progress(log, "acceptance", kw["num_warmup"] + kw["num_samples"])
 
     def draw():
@@ -257,7 +261,7 @@ def run(
     posterior: bool = False,
     predictive: bool = True,
     run_effects: bool | None = None,
-    model_effects: bool | None = None,
+    model_effects: bool | tuple[str, ...] | None = None,
     plane_run: PosteriorRun | None = None,
     num_chains: int = 4,
     num_warmup: int = 500,

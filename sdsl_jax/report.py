@@ -17,6 +17,7 @@ from sdsl_jax.assumptions import extrapolation, format_assumptions, perplexity_s
 from sdsl_jax.costs import target_alone_cost
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.figures import format_size
+from sdsl_jax.infer.models import sampled_effect_sides
 from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.pipeline import PipelineResult
 from sdsl_jax.protocols import IterationCostModel, LossLawModel
@@ -46,7 +47,8 @@ def summary_record(result: PipelineResult, *, header: dict, data: dict, assumpti
     ``data``: the files read), the settings, the point fits, N* per named target and on the grid.
 
     ``settings`` (the run's choices) gains the NUTS settings' ``run_effects`` and ``model_effects``
-    from the posterior when there is one; ``latency`` (the latency model, when ``cost`` is one) makes
+    (the kinds of model, draft and target, whose per-model effects the acceptance posterior
+    sampled) from the posterior when there is one; ``latency`` (the latency model, when ``cost`` is one) makes
     T* tokens per second instead of tokens per FLOP.
     """
     point, post, pred = result.point, result.posterior, result.prediction
@@ -59,7 +61,8 @@ def summary_record(result: PipelineResult, *, header: dict, data: dict, assumpti
                   else dict(source="SDSL2026 (paper's values, fixed: no acceptance data)", model="plane"))
     if post is not None:
         settings = dict(settings, run_effects="run_sd" in post.law_run.samples,
-                        model_effects=post.plane_run is not None and "draft_sd" in post.plane_run.samples)
+                        model_effects=list(sampled_effect_sides(post.plane_run.samples))
+                        if post.plane_run is not None else [])
     return dict(
         **header, data=data, assumptions=assumptions, settings=settings,
         loss_law=dict(**{k: float(v) for k, v in point.law._asdict().items()}, family=point.family.name,

@@ -43,6 +43,23 @@ def test_sample_plane_refuses_half_or_bad_model_indices():
         infer.sample_plane(x, y, alpha, draft=di, target=ti[:-1], num_chains=1, num_warmup=5, num_samples=5)
 
 
+def test_a_kind_of_model_left_out_records_zero_effects_that_predictions_read():
+    # Five targets: their effects' scale would rest on three contrasts; the drafts' alone are sampled.
+    x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
+    run = infer.sample_plane(x, y, alpha, draft=di, target=ti, effect_sides=("draft",), num_chains=1,
+                             num_warmup=150, num_samples=150, seed=0, progress_bar=False)
+    assert np.all(run.samples["target_sd"] == 0) and run.samples["target_z"].shape == (150, 5)
+    assert np.all(run.samples["target_z"] == 0) and np.all(run.samples["draft_sd"] > 0)
+    assert infer.sampled_effect_sides(run.samples) == ("draft",)
+    # The drafts' scale is found (true 0.03); the targets' scatter (0.01) joins the pair residual (0.008).
+    assert 0.015 < np.median(run.samples["draft_sd"]) < 0.06
+    assert 0.010 < np.median(run.samples["sigma"]) < 0.017
+    with pytest.raises(ValueError, match="projected effects need both"):
+        infer.sample_plane(x, y, alpha, draft=di, target=ti, effect_sides=("draft",), effects="projected")
+    with pytest.raises(ValueError, match="sides must name"):
+        infer.model_effects_plane_model_for(SDSL2026_MODEL, ("drafts",))
+
+
 def test_model_effects_posterior_finds_the_draft_effect_and_shrinks_the_pair_residual():
     # Pairs that share a draft share its effect: the crossed model should see the draft effect
     # (its 90% interval covers the truth, away from zero) and leave the pair residual near its

@@ -135,12 +135,16 @@ def test_per_model_effects_default_on_only_where_the_design_identifies_them():
     from sdsl_jax.data import load_acceptance
 
     ladder = load_acceptance(os.path.join(ROOT, "fits", "ladder", "acceptance.csv"))
-    on, why = ladder.model_effects_identified()
-    assert on and "6 target models in two or more pairs" in why
-    # Published-style pairs: 4 targets with up to 4 drafts each (14 pairs): a variance over four
-    # targets is its prior; the default keeps the pairs independent and says why.
+    sides, why = ladder.model_effects_identified()
+    # 20 drafts give their effects a scale; six targets leave four contrasts beyond the intercept
+    # and the slope, too few: the targets' effects are left out, and the reason says so.
+    assert sides == ("draft",) and "20 draft models in two or more pairs" in why
+    assert "only 6 target model(s) appear in two or more pairs, 4 beyond" in why
+    assert ladder.model_effects_identified(min_contrasts=4)[0] == ("draft", "target")
+    # Published-style pairs: 4 targets with up to 6 drafts each: neither kind has enough models;
+    # the default keeps the pairs independent and says why.
     keep = np.isin(ladder.target, sorted(set(ladder.target))[:4]) & np.isin(ladder.draft, sorted(set(ladder.draft))[:6])
     small = ladder.select(keep)
-    on, why = small.model_effects_identified()
-    assert small.has_repeated_models() and not on
+    sides, why = small.model_effects_identified()
+    assert small.has_repeated_models() and not sides
     assert "target model(s) appear in two or more pairs" in why

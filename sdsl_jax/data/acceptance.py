@@ -114,22 +114,30 @@ class AcceptanceMeasurements:
         """Whether some draft or target model is in two or more pairs (per-model effects are identified)."""
         return len(set(self.draft)) < len(self.draft) or len(set(self.target)) < len(self.target)
 
-    def model_effects_identified(self, *, min_groups: int = 5) -> tuple[bool, str]:
-        """Whether the design identifies per-draft and per-target effects, and why (or why not).
+    def model_effects_identified(self, *, min_contrasts: int = 5) -> tuple[tuple[str, ...], str]:
+        """The kinds of model (``"draft"``, ``"target"``) whose per-model effects the design identifies,
+        and why (or why not); an empty tuple (false) keeps pairs independent.
 
-        A model effect's scale is a variance over models: it needs several models of each kind that
-        appear in two or more pairs. With fewer (say four targets), its posterior sits on its prior,
-        the chains mix slowly, and the coefficients' bands widen for nothing; such data keep pairs
-        independent by default.
+        A model effect's scale is a variance over models, estimated from the models of that kind that
+        appear in two or more pairs. Each such model has one perplexity, so the mean of their effects
+        and their trend along that perplexity belong to the acceptance model's intercept and slope:
+        the scale rests on the other ``repeated - 2`` contrasts. With fewer than ``min_contrasts`` its
+        posterior has a long tail of large scales, where the effects are pinned by the data and NUTS
+        diverges (the ladder's six targets: divergent transitions or too few effective draws in most
+        runs of every acceptance model, ``docs/benchmarks.md``); that kind's effects are then left
+        out, and a new pair's scatter is its draft's effect and its own residual.
         """
-        counts = []
+        sides, counts = [], []
         for kind, labels in (("draft", self.draft), ("target", self.target)):
             repeated = sum(1 for label in set(labels) if labels.count(label) >= 2)
-            counts.append(f"{repeated} {kind} models in two or more pairs")
-            if repeated < min_groups:
-                return False, (f"only {repeated} {kind} model(s) appear in two or more pairs (per-model effects "
-                               f"need {min_groups} of each kind)")
-        return True, " and ".join(counts)
+            contrasts = repeated - 2
+            if contrasts >= min_contrasts:
+                sides.append(kind)
+                counts.append(f"{repeated} {kind} models in two or more pairs")
+            else:
+                counts.append(f"only {repeated} {kind} model(s) appear in two or more pairs, {max(contrasts, 0)} "
+                              f"beyond the intercept and slope (per-{kind} effects need {min_contrasts})")
+        return tuple(sides), "; ".join(counts)
 
     def select(self, mask: np.ndarray) -> "AcceptanceMeasurements":
         return select_rows(self, mask)

@@ -46,6 +46,8 @@ __all__ = [
     "acceptance_likelihood",
     "plane_model_for",
     "MODEL_EFFECT_SITES",
+    "EFFECT_SIDES",
+    "sampled_effect_sides",
     "model_effects_plane_model_for",
     "effect_basis",
     "feature_scale",
@@ -293,8 +295,19 @@ def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
 MODEL_EFFECT_SITES = ("draft_sd", "target_sd")
 
 
+EFFECT_SIDES = ("draft", "target")
+"""The kinds of model an acceptance model can give a random effect each."""
+
+
+def sampled_effect_sides(samples: dict) -> tuple[str, ...]:
+    """The kinds of model whose effects an acceptance posterior sampled (a kind left out by
+    :func:`model_effects_plane_model_for` records a scale of zero)."""
+    return tuple(kind for kind in EFFECT_SIDES
+                 if f"{kind}_sd" in samples and np.any(np.asarray(samples[f"{kind}_sd"]) != 0))
+
+
 @functools.lru_cache(maxsize=None)
-def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
+def model_effects_plane_model_for(acceptance_model: AcceptanceModel, sides: tuple[str, ...] = EFFECT_SIDES) -> Callable:
     """The acceptance model with a random effect per draft model and per target model (crossed).
 
     Pairs that share a model are not independent: a draft that agrees with its targets more than
@@ -311,26 +324,38 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel) -> Callable
     (:class:`sdsl_jax.pipeline.PredictiveScales`); a pair of known models by its models' effects
     and ``sigma`` alone.
 
+    ``sides`` names the kinds of model that get effects (``("draft",)`` where the targets are too few
+    to estimate their scale, :meth:`sdsl_jax.data.AcceptanceMeasurements.model_effects_identified`);
+    a kind left out records its scale and effects as zeros, so that predictions read them as for
+    any other posterior.
+
     Arguments: ``ppl_draft, ppl_target, weights`` per pair, ``draft`` and ``target`` (integer model
     of each pair), ``draft_slots`` and ``target_slots`` (arrays whose lengths are the numbers of
     models: shapes must be static under ``jit``), ``alpha``.
     """
+    unknown = set(sides) - set(EFFECT_SIDES)
+    if unknown or not sides:
+        raise ValueError(f"sides must name one or both of {EFFECT_SIDES}, got {sides!r}")
+
+    def effects(kind: str, slots: jax.Array, index: jax.Array) -> jax.Array:
+        if kind not in sides:
+            numpyro.deterministic(f"{kind}_sd", jnp.zeros(()))
+            numpyro.deterministic(f"{kind}_z", jnp.zeros(slots.shape[0]))
+            return jnp.zeros(index.shape)
+        sd = numpyro.sample(f"{kind}_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
+        with numpyro.plate(f"{kind}_models", slots.shape[0]):
+            z = numpyro.sample(f"{kind}_z", dist.Normal(0.0, 1.0))
+        return sd * z[index]
 
     def model(ppl_draft, ppl_target, weights, draft, draft_slots, target, target_slots, alpha=None) -> None:
         mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
         sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
-        draft_sd = numpyro.sample("draft_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
-        target_sd = numpyro.sample("target_sd", dist.HalfNormal(acceptance_model.effect_prior_sd))
-        with numpyro.plate("draft_models", draft_slots.shape[0]):
-            z_draft = numpyro.sample("draft_z", dist.Normal(0.0, 1.0))
-        with numpyro.plate("target_models", target_slots.shape[0]):
-            z_target = numpyro.sample("target_z", dist.Normal(0.0, 1.0))
-        mean = mean + draft_sd * z_draft[draft] + target_sd * z_target[target]
+        mean = mean + effects("draft", draft_slots, draft) + effects("target", target_slots, target)
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
             numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
 
-    model.__name__ = model.__qualname__ = f"model_effects_plane_model[{acceptance_model.name}]"
+    model.__name__ = model.__qualname__ = f"model_effects_plane_model[{acceptance_model.name}, {'+'.join(sides)}]"
     return model
 
 

@@ -20,7 +20,7 @@ import numpyro.util
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
-from sdsl_jax.infer.models import (MODEL_EFFECT_SITES, PLANE_SITES, loss_law_model_for, loss_law_sites,
+from sdsl_jax.infer.models import (EFFECT_SIDES, PLANE_SITES, loss_law_model_for, loss_law_sites,
                                    effect_basis, feature_scale, model_effects_plane_model_for, plane_model_for,
                                    projected_effects_plane_model_for, run_effects_model_for, widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
@@ -256,6 +256,7 @@ def sample_plane(
     retries: int = 0,
     prior_width: float = 1.0,
     effects: str = "non-centred",
+    effect_sides: tuple[str, ...] = EFFECT_SIDES,
 ) -> PosteriorRun:
     """NUTS posterior of an acceptance model (see :func:`plane_model_for`), every chain started
     from the prior; ``summarize``, ``progress``, ``retries`` and ``prior_width`` as in
@@ -274,12 +275,15 @@ def sample_plane(
     model, :func:`model_effects_plane_model_for`) or ``"projected"``, the same prior with each
     model's effect split into the part a coefficient can absorb and the rest
     (:func:`projected_effects_plane_model_for`), which spares NUTS the ridge between them
-    (``python -m experiments.bench --only geometry``).
+    (``python -m experiments.bench --only geometry``). ``effect_sides``: the kinds of model that get
+    effects (``("draft",)`` where the targets are too few,
+    :meth:`sdsl_jax.data.AcceptanceMeasurements.model_effects_identified`); non-centred only.
     """
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
-                                                   target=target, effects=effects)
+                                                   target=target, effects=effects, effect_sides=effect_sides)
     a = jnp.asarray(alpha, jnp.float64)
-    var_names, dense = (PLANE_SITES, False) if draft is None else (PLANE_SITES + MODEL_EFFECT_SITES, True)
+    var_names, dense = (PLANE_SITES, False) if draft is None else (
+        PLANE_SITES + tuple(f"{kind}_sd" for kind in EFFECT_SIDES if kind in effect_sides), True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
                            target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
@@ -289,7 +293,8 @@ def sample_plane(
 
 def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike, *,
                              weights: ArrayLike | None = None, draft: ArrayLike | None = None,
-                             target: ArrayLike | None = None, effects: str = "non-centred") -> tuple[Callable, tuple]:
+                             target: ArrayLike | None = None, effects: str = "non-centred",
+                             effect_sides: tuple[str, ...] = EFFECT_SIDES) -> tuple[Callable, tuple]:
     """The NumPyro model :func:`sample_plane` samples for these pairs, and its arguments before the
     observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods."""
     if effects not in EFFECT_PARAMETRISATIONS:
@@ -303,9 +308,13 @@ def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_t
     indices = [_group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
                                                         "(AcceptanceMeasurements.model_index())")
                for name, index in (("draft", draft), ("target", target))]
+    effect_sides = tuple(kind for kind in EFFECT_SIDES if kind in effect_sides)
     if effects == "non-centred":
         groups = [(jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)) for index in indices]
-        return model_effects_plane_model_for(model), (x, y, w, *groups[0], *groups[1])
+        return model_effects_plane_model_for(model, effect_sides), (x, y, w, *groups[0], *groups[1])
+    if effect_sides != EFFECT_SIDES:
+        raise ValueError(f"projected effects need both kinds of model, got effect_sides={effect_sides!r}; "
+                         "use effects='non-centred'")
     groups = []
     for index, feature in zip(indices, (np.asarray(f, np.float64) for f in model.features(x, y))):
         mean, scale = feature_scale(feature)

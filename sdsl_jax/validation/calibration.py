@@ -197,22 +197,23 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
 
 
 def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weights: np.ndarray | None = None,
-                   draft: np.ndarray | None = None, target: np.ndarray | None = None, datasets: int, seed: int = 0,
+                   draft: np.ndarray | None = None, target: np.ndarray | None = None,
+                   effect_sides: tuple[str, ...] = ("draft", "target"), datasets: int, seed: int = 0,
                    num_chains: int = 2, num_warmup: int = 300, num_samples: int = 1000, keep: int = 99, bins: int = 10,
                    stage_path: str | None = None, log: Callable[[str], None] | None = None) -> SBCResult:
     """SBC of an acceptance model's posterior (:func:`sdsl_jax.infer.sample_plane`) on a design of pairs.
 
     The design is the pairs' perplexities and weights and, with ``draft`` and ``target`` (an integer
-    model per pair), the crossed per-model effects that the ladder's fits use; the alphas are
-    simulated from the model there. The coefficients A, B, C, the residual scale and the effects'
-    scales are ranked.
+    model per pair), the per-model effects of the kinds in ``effect_sides`` that the ladder's fits
+    use; the alphas are simulated from the model there. The coefficients A, B, C, the residual scale
+    and the effects' scales are ranked.
     """
-    from sdsl_jax.infer.models import MODEL_EFFECT_SITES, PLANE_SITES
+    from sdsl_jax.infer.models import PLANE_SITES
     from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
 
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
-                                                   target=target)
-    groups = {} if draft is None else dict(draft=draft, target=target)
+                                                   target=target, effect_sides=effect_sides)
+    groups = {} if draft is None else dict(draft=draft, target=target, effect_sides=effect_sides)
 
     def fit(alpha, fit_seed):
         out = sample_plane(ppl_draft, ppl_target, alpha, weights=weights, model=model, num_chains=num_chains,
@@ -220,7 +221,7 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
                            **groups)
         return out.samples, out.diagnostics.problems
 
-    sites = PLANE_SITES + (MODEL_EFFECT_SITES if draft is not None else ())
+    sites = PLANE_SITES + (tuple(f"{kind}_sd" for kind in effect_sides) if draft is not None else ())
     return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
                                         datasets=datasets, seed=seed, keep=keep, bins=bins, stage_path=stage_path,
                                         log=log)

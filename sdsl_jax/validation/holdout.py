@@ -81,7 +81,8 @@ def _posterior_effects(samples: dict, role: str, train_labels, test_labels, rng)
 def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_effects=False):
     """Fit ``model`` on ``pairs[keep]``; predictive log densities and bands for ``pairs[~keep]``.
 
-    With ``model_effects`` the acceptance model with a random effect per draft and per target model
+    With ``model_effects`` (True, or the kinds of model that get effects, e.g. ``("draft",)``) the
+    acceptance model with a random effect per draft and per target model
     (:func:`sdsl_jax.infer.models.model_effects_plane_model_for`): a held-out pair's model that the
     training pairs also hold keeps its posterior effect; the held-out size's models are new
     and draw theirs (one per model, shared by its pairs; Monte Carlo over the draws).
@@ -92,7 +93,8 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
     groups = {}
     if model_effects:
         draft, _, target, _ = train.model_index()
-        groups = dict(draft=draft, target=target)
+        groups = dict(draft=draft, target=target,
+                      effect_sides=infer.EFFECT_SIDES if model_effects is True else tuple(model_effects))
     post = infer.sample_plane(train.ppl_draft, train.ppl_target, train.alpha, weights=train.regression_weights(),
                               model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
                               progress_bar=False, **groups)
