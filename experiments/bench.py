@@ -20,6 +20,10 @@ Sections:
               data's centre (shipped) against the same law at N = D = 1: steps per draw, ESS per second;
               and the ladder's acceptance pairs with per-model effects, non-centred (shipped) against
               projected coordinates.
+  effects     the ladder's acceptance pairs with per-model effects on the drafts only (shipped: six
+              targets are too few for a scale of their own) against effects on both kinds, non-centred
+              and projected: how many of --effect-seeds NUTS runs pass their checks (all pairs, and a
+              closure's refit without the smallest size).
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
   scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
@@ -38,8 +42,8 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import (bench_calibration, bench_loss_law_fit, bench_nuts_geometry,
-                                              bench_nuts_reuse)
+from experiments.benchmarks.inference import (bench_calibration, bench_effect_sides, bench_loss_law_fit,
+                                              bench_nuts_geometry, bench_nuts_reuse)
 from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
 from experiments.runlog import run_command, write_json
@@ -47,6 +51,7 @@ from experiments.runlog import run_command, write_json
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
+            "effects": bench_effect_sides,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
 
@@ -64,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="synthetic datasets per model for the calibration check (default 40)")
     parser.add_argument("--nuts-datasets", type=int, default=10,
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
+    parser.add_argument("--effect-seeds", type=int, default=6,
+                        help="NUTS runs per variant and data set in the effects section (default 6)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
                         help="the scaling section's tables, comma-separated (default: all of "
                              f"{','.join(SCALING_PARTS)})")
@@ -72,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scaling_parts.split(",")) - set(SCALING_PARTS))
     if unknown:
         parser.error(f"--scaling-parts: unknown table(s) {unknown}; choose from {','.join(SCALING_PARTS)}")
-    for name in ("points", "targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets"):
+    for name in ("points", "targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets",
+                 "effect_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     return run_command(lambda: run_benchmarks(args, argv), "nothing was written; rerun the command")
@@ -94,6 +102,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_nuts_reuse(args.nuts_datasets)
         elif name == "geometry":
             results += bench_nuts_geometry()
+        elif name == "effects":
+            results += bench_effect_sides(args.effect_seeds)
         elif name == "scaling":
             results += bench_scaling(args.repeats, args.scaling_parts.split(","))
         else:

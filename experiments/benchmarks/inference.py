@@ -228,3 +228,52 @@ def _bench_effect_coordinates() -> list[dict]:
           f"fewer, time {old['seconds'] / new['seconds']:.2f}x", flush=True)
     return [dict(name="nuts geometry ladder pairs with model effects", non_centred=old, projected=new,
                  steps_ratio=old["median_steps"] / new["median_steps"], time_ratio=old["seconds"] / new["seconds"])]
+
+
+def bench_effect_sides(seeds: int = 6) -> list[dict]:
+    """The acceptance plane's checks with per-model effects on the kinds of model the design identifies
+    (the ladder: the drafts only, :meth:`AcceptanceMeasurements.model_effects_identified`) against
+    effects on both kinds, non-centred and projected, over ``seeds`` NUTS runs each (4 x (500 + 500),
+    target acceptance 0.99, no reruns), on all the ladder's pairs and on the pairs without its
+    smallest size (a closure's refit): how many runs pass R-hat, bulk ESS and no divergences."""
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_acceptance
+
+    pairs = load_acceptance("fits/ladder/acceptance.csv")
+    smallest = float(np.min(pairs.n_draft))
+    data = {"all pairs": pairs,
+            "without the smallest size": pairs.select((pairs.n_draft != smallest) & (pairs.n_target != smallest))}
+    variants = {"drafts only (shipped)": dict(effect_sides=("draft",)),
+                "both kinds, non-centred": dict(effects="non-centred"),
+                "both kinds, projected": dict(effects="projected")}
+    rows = []
+    for data_name, kept in data.items():
+        draft, _, target, _ = kept.model_index()
+        result = {}
+        for variant, extra in variants.items():
+            kw = dict(weights=kept.regression_weights(), draft=draft, target=target, num_chains=4, progress_bar=False,
+                      retries=0, **extra)
+            infer.sample_plane(kept.ppl_draft, kept.ppl_target, kept.alpha, num_warmup=20, num_samples=20, **kw)
+            runs = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                d = infer.sample_plane(kept.ppl_draft, kept.ppl_target, kept.alpha, num_warmup=500, num_samples=500,
+                                       seed=seed, **kw).diagnostics
+                runs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
+                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps))
+            summary = dict(runs=runs, passed=sum(r["ok"] for r in runs),
+                           with_divergences=sum(r["divergences"] > 0 for r in runs),
+                           divergences=sum(r["divergences"] for r in runs),
+                           median_seconds=float(np.median([r["seconds"] for r in runs])),
+                           median_min_ess=float(np.median([r["min_ess"] for r in runs])),
+                           worst_rhat=float(max(r["max_rhat"] for r in runs)))
+            result[variant] = summary
+            print(f"effect sides, {data_name}, {variant}: {summary['passed']}/{seeds} runs pass their checks, "
+                  f"{summary['with_divergences']} with divergences ({summary['divergences']} in all), median min "
+                  f"bulk ESS {summary['median_min_ess']:.0f}, worst R-hat {summary['worst_rhat']:.3f}, median "
+                  f"{summary['median_seconds']:.1f} s", flush=True)
+        shipped, both = result["drafts only (shipped)"], result["both kinds, non-centred"]
+        print(f"effect sides, {data_name}: drafts only passes {shipped['passed']}/{seeds} against {both['passed']}/"
+              f"{seeds}, time {both['median_seconds'] / shipped['median_seconds']:.2f}x faster", flush=True)
+        rows.append(dict(name=f"effect sides {data_name}", seeds=seeds, **result))
+    return rows
