@@ -118,12 +118,13 @@ def add_posterior_record(summary: dict, result: PipelineResult, *, cost: Iterati
             meaning="scales of a new model's deviation from the law: sigma, nu (Student-t residual of log loss), "
                     "run_sd, run_slope_sd (a run's random intercept, and slope per unit ln D), alpha_sigma (the "
                     "acceptance model's residual per pair), alpha_draft_sd, alpha_target_sd (its per-model "
-                    "effects); the bands include them unless --mean-only",
+                    "effects, of the kinds of model in settings.model_effects); the bands include them unless "
+                    "--mean-only",
             **{k: interval(np.asarray(post.law_run.samples[k]).reshape(-1))
                for k in ("sigma", "nu", "run_sd", "run_slope_sd") if k in post.law_run.samples},
             **({f"alpha_{k}" if k != "sigma" else "alpha_sigma": interval(
                 np.asarray(post.plane_run.samples[k]).reshape(-1))
-                for k in ("sigma", "draft_sd", "target_sd") if k in post.plane_run.samples}
+                for k in ("sigma", *(f"{kind}_sd" for kind in sampled_effect_sides(post.plane_run.samples)))}
                if post.plane_run is not None else {})),
         plane={k: interval(v) for k, v in planes._asdict().items()} if point.plane_fitted else "fixed",
         linear_law=dict(mu=interval(bands.linear_law.mu), m0=interval(bands.linear_law.m0)),
