@@ -175,7 +175,8 @@ def fit_and_predict(args, inputs: Inputs, log):
     # Keyed on the content parsed (labels and weights included), never on a path read again.
     fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
                        drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
-                       seed=args.seed, law=family.name, acceptance_model=acceptance_model.name)
+                       seed=args.seed, law=family.name, target_accept=family.target_accept,
+                       acceptance_model=acceptance_model.name)
     # One flag for both kinds of grouped effects; None: each where its data identify it.
     run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:

@@ -18,7 +18,10 @@ the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and 
   samples another coordinate);
 * ``min_sizes`` / ``min_budgets``: distinct model sizes N and token budgets D the data need before
   the law's N and D terms are identified (a term with k coefficients in one variable needs k + 1
-  distinct values of it); :func:`sdsl_jax.infer.point.check_loss_law_data` refuses less.
+  distinct values of it); :func:`sdsl_jax.infer.point.check_loss_law_data` refuses less;
+* ``target_accept``: NUTS's target acceptance for this family's posterior (0.9; the one-break law's
+  0.99: its break is sharp, f about 0.2 in ln D on the ladder, and the curvature there made NUTS
+  diverge at 0.9 in most refits, ``docs/benchmarks.md``).
 
 Shipped families (``FAMILIES`` maps their names to them):
 
@@ -421,6 +424,7 @@ class LossLawFamily:
     description: str = ""
     min_sizes: int = 0
     min_budgets: int = 0
+    target_accept: float = 0.9
 
     def log_prediction(self, theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
         """log L at ``theta``: the family's stable form, else ``log(law.loss(N, D))``."""
@@ -454,7 +458,7 @@ BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
     description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)",
-    min_sizes=3, min_budgets=6)
+    min_sizes=3, min_budgets=6, target_accept=0.99)
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,

@@ -277,3 +277,23 @@ def test_compiled_programs_are_released_before_the_kernel_runs_out_of_memory_map
     monkeypatch.setattr(sampler, "_memory_map_use", lambda: None)  # not Linux: nothing to watch
     assert not sampler.release_compiled_programs_when_crowded()
 
+
+
+def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
+    # The one-break law's sharp break needs smaller steps than the others (docs/benchmarks.md);
+    # an explicit target acceptance still wins.
+    from sdsl_jax.infer import posterior
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA
+
+    seen = []
+
+    def capture(model, args, **kw):
+        seen.append(kw["target_accept"])
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(posterior, "_sample_checked", capture)
+    n, d, loss = np.geomspace(1e6, 1e9, 8), np.geomspace(1e8, 1e11, 8), np.linspace(3.0, 2.0, 8)
+    for family, accept in ((CHINCHILLA, None), (BROKEN_POWER_LAW, None), (BROKEN_POWER_LAW, 0.8)):
+        with pytest.raises(RuntimeError, match="captured"):
+            posterior.sample_loss_law(n, d, loss, family=family, target_accept=accept)
+    assert seen == [0.9, 0.99, 0.8]

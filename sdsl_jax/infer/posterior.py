@@ -70,7 +70,7 @@ def sample_loss_law(
     seed: int = 0,
     run: ArrayLike | None = None,
     progress_bar: bool = True,
-    target_accept: float = 0.9,
+    target_accept: float | None = None,
     summarize: bool = True,
     progress: Callable[[str], None] | None = None,
     dense_mass: bool = True,
@@ -93,6 +93,7 @@ def sample_loss_law(
     ``progress`` receives a line after the warm-up and after each fifth of the draws (draws done,
     time left); the draws are the same with or without it.
 
+    ``target_accept`` None: the family's (:attr:`~sdsl_jax.loss_laws.LossLawFamily.target_accept`).
     ``dense_mass`` (default): NUTS adapts a full mass matrix. A law's coefficients stay
     correlated even at the data's centre (the irreducible loss with both terms), which a diagonal
     metric can only follow with long trajectories (:attr:`Diagnostics.median_steps`;
@@ -108,7 +109,8 @@ def sample_loss_law(
     args = (*args, log_loss)
 
     out = _sample_checked(model, args, var_names=loss_law_sites(family, run_effects=run is not None),
-                          dense_mass=dense_mass, target_accept=target_accept, num_chains=num_chains,
+                          dense_mass=dense_mass, num_chains=num_chains,
+                          target_accept=family.target_accept if target_accept is None else target_accept,
                           num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
                           progress_bar=progress_bar, summarize=summarize, progress=progress,
                           prior_width=prior_width)

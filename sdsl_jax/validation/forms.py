@@ -41,7 +41,8 @@ class Stages:
         # Every column counts (run labels, model names, weights): a changed label is another model.
         content = content_digest(runs, pairs)
         form = f"{family.name}+{model.name}" + ("" if prior_width == 1 else f"+priors-x{prior_width:g}")
-        inputs = dict(self.settings, data=content, law=family.name, model=model.name,
+        inputs = dict(self.settings, data=content, law=family.name, target_accept=family.target_accept,
+                      model=model.name,
                       model_effects=None if pairs is None else list(pairs.model_effects_identified()[0]),
                       **({} if prior_width == 1 else dict(prior_width=prior_width)))
         return StageStore(os.path.join(self.folder, content[:16], form), resume=self.resume, log=self.log,
