@@ -24,6 +24,8 @@ Sections:
               targets are too few for a scale of their own) against effects on both kinds, non-centred
               and projected: how many of --effect-seeds NUTS runs pass their checks (all pairs, and a
               closure's refit without the smallest size).
+  breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
+              family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
   scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
@@ -42,8 +44,8 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import (bench_calibration, bench_effect_sides, bench_loss_law_fit,
-                                              bench_nuts_geometry, bench_nuts_reuse)
+from experiments.benchmarks.inference import (bench_break_acceptance, bench_calibration, bench_effect_sides,
+                                              bench_loss_law_fit, bench_nuts_geometry, bench_nuts_reuse)
 from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
 from experiments.runlog import run_command, write_json
@@ -51,7 +53,7 @@ from experiments.runlog import run_command, write_json
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
-            "effects": bench_effect_sides,
+            "effects": bench_effect_sides, "breaks": bench_break_acceptance,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
 
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nuts-datasets", type=int, default=10,
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
     parser.add_argument("--effect-seeds", type=int, default=6,
-                        help="NUTS runs per variant and data set in the effects section (default 6)")
+                        help="NUTS runs per variant and data set in the effects and breaks sections (default 6)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
                         help="the scaling section's tables, comma-separated (default: all of "
                              f"{','.join(SCALING_PARTS)})")
@@ -104,6 +106,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_nuts_geometry()
         elif name == "effects":
             results += bench_effect_sides(args.effect_seeds)
+        elif name == "breaks":
+            results += bench_break_acceptance(args.effect_seeds)
         elif name == "scaling":
             results += bench_scaling(args.repeats, args.scaling_parts.split(","))
         else:

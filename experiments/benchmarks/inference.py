@@ -277,3 +277,39 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
               f"{seeds}, time {both['median_seconds'] / shipped['median_seconds']:.2f}x faster", flush=True)
         rows.append(dict(name=f"effect sides {data_name}", seeds=seeds, **result))
     return rows
+
+
+def bench_break_acceptance(seeds: int = 3) -> list[dict]:
+    """The one-break law's posterior on the ladder (run effects, 4 x (500 + 500), no reruns) at NUTS's
+    default target acceptance 0.9 against the family's 0.99, on all runs and without the 74k size
+    (a closure's refit): how many of ``seeds`` runs pass their checks, and their divergences."""
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW
+
+    runs = load_pretraining("fits/ladder/pretraining.csv")
+    sizes = np.unique(runs.n_params)
+    data = {"all runs": runs, f"without the {sizes[2]:.3g}-parameter size": runs.select(runs.n_params != sizes[2])}
+    rows = []
+    for data_name, kept in data.items():
+        run, _ = kept.run_index()
+        result = {}
+        for accept in (0.9, BROKEN_POWER_LAW.target_accept):
+            outs = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                d = infer.sample_loss_law(kept.n_params, kept.n_tokens, kept.loss, family=BROKEN_POWER_LAW, run=run,
+                                          num_chains=4, num_warmup=500, num_samples=500, seed=seed, progress_bar=False,
+                                          target_accept=accept).diagnostics
+                outs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
+                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat))
+            summary = dict(runs=outs, passed=sum(o["ok"] for o in outs), divergences=sum(o["divergences"] for o in outs),
+                           with_divergences=sum(o["divergences"] > 0 for o in outs),
+                           worst_rhat=float(max(o["max_rhat"] for o in outs)),
+                           median_seconds=float(np.median([o["seconds"] for o in outs])))
+            result[f"target_accept_{accept}"] = summary
+            print(f"one-break law, {data_name}, target acceptance {accept}: {summary['passed']}/{seeds} runs pass their "
+                  f"checks, {summary['with_divergences']} with divergences ({summary['divergences']} in all), worst "
+                  f"R-hat {summary['worst_rhat']:.3f}, median {summary['median_seconds']:.1f} s", flush=True)
+        rows.append(dict(name=f"one-break law target acceptance {data_name}", seeds=seeds, **result))
+    return rows
