@@ -28,7 +28,7 @@ import numpy as np
 from sdsl_jax.acceptance import PLANE, SDSL2026, AcceptanceModel
 from sdsl_jax.costs import SDSL_FLOPS
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
-from sdsl_jax.infer.models import EFFECT_SIDES
+from sdsl_jax.infer.models import effect_sides_of
 from sdsl_jax.infer.point import NEAR_OPTIMUM, degenerate_coefficients, fit_acceptance_plane, fit_loss_law, rival_optima
 from sdsl_jax.infer.posterior import identification, laws_from_posterior, planes_from_posterior, sample_loss_law, sample_plane
 from sdsl_jax.infer.results import PointFit, Posterior, PosteriorChecks
@@ -211,8 +211,7 @@ def _acceptance_posterior(acceptance: AcceptanceMeasurements, point: PointFit, *
     groups = {}
     if model_effects:
         draft, _, target, _ = acceptance.model_index()
-        sides = EFFECT_SIDES if model_effects is True else tuple(model_effects)
-        groups = dict(draft=draft, target=target, effect_sides=sides)
+        groups = dict(draft=draft, target=target, effect_sides=effect_sides_of(model_effects))
     progress = _nuts_progress(log, "acceptance", kw["num_warmup"] + kw["num_samples"])
 
     def draw():

@@ -48,6 +48,8 @@ __all__ = [
     "MODEL_EFFECT_SITES",
     "EFFECT_SIDES",
     "sampled_effect_sides",
+    "effect_sides_of",
+    "effect_scale_sites",
     "model_effects_plane_model_for",
     "effect_basis",
     "feature_scale",
@@ -297,6 +299,19 @@ MODEL_EFFECT_SITES = ("draft_sd", "target_sd")
 
 EFFECT_SIDES = ("draft", "target")
 """The kinds of model an acceptance model can give a random effect each."""
+
+
+def effect_sides_of(model_effects) -> tuple[str, ...]:
+    """The kinds of model a ``model_effects`` choice names, in :data:`EFFECT_SIDES` order: True, both;
+    False or None, none; else the kinds given (``("draft",)``)."""
+    if model_effects is True:
+        return EFFECT_SIDES
+    return tuple(kind for kind in EFFECT_SIDES if kind in (model_effects or ()))
+
+
+def effect_scale_sites(sides: tuple[str, ...]) -> tuple[str, ...]:
+    """The sampled scale sites of the effects of ``sides`` (``("draft_sd",)`` for the drafts alone)."""
+    return tuple(f"{kind}_sd" for kind in effect_sides_of(sides))
 
 
 def sampled_effect_sides(samples: dict) -> tuple[str, ...]:

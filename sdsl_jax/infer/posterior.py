@@ -20,9 +20,9 @@ import numpyro.util
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
-from sdsl_jax.infer.models import (EFFECT_SIDES, PLANE_SITES, loss_law_model_for, loss_law_sites,
-                                   effect_basis, feature_scale, model_effects_plane_model_for, plane_model_for,
-                                   projected_effects_plane_model_for, run_effects_model_for, widened_priors)
+from sdsl_jax.infer.models import (EFFECT_SIDES, PLANE_SITES, effect_basis, effect_scale_sites, effect_sides_of,
+                                   feature_scale, loss_law_model_for, loss_law_sites, model_effects_plane_model_for,
+                                   plane_model_for, projected_effects_plane_model_for, run_effects_model_for, widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
@@ -285,7 +285,7 @@ def sample_plane(
                                                    target=target, effects=effects, effect_sides=effect_sides)
     a = jnp.asarray(alpha, jnp.float64)
     var_names, dense = (PLANE_SITES, False) if draft is None else (
-        PLANE_SITES + tuple(f"{kind}_sd" for kind in EFFECT_SIDES if kind in effect_sides), True)
+        PLANE_SITES + effect_scale_sites(effect_sides), True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
                            target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
@@ -310,7 +310,7 @@ def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_t
     indices = [_group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
                                                         "(AcceptanceMeasurements.model_index())")
                for name, index in (("draft", draft), ("target", target))]
-    effect_sides = tuple(kind for kind in EFFECT_SIDES if kind in effect_sides)
+    effect_sides = effect_sides_of(effect_sides)
     if effects == "non-centred":
         groups = [(jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)) for index in indices]
         return model_effects_plane_model_for(model, effect_sides), (x, y, w, *groups[0], *groups[1])

@@ -208,7 +208,7 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
     use; the alphas are simulated from the model there. The coefficients A, B, C, the residual scale
     and the effects' scales are ranked.
     """
-    from sdsl_jax.infer.models import PLANE_SITES
+    from sdsl_jax.infer.models import PLANE_SITES, effect_scale_sites
     from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
 
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
@@ -221,7 +221,7 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
                            **groups)
         return out.samples, out.diagnostics.problems
 
-    sites = PLANE_SITES + (tuple(f"{kind}_sd" for kind in effect_sides) if draft is not None else ())
+    sites = PLANE_SITES + (effect_scale_sites(effect_sides) if draft is not None else ())
     return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
                                         datasets=datasets, seed=seed, keep=keep, bins=bins, stage_path=stage_path,
                                         log=log)

@@ -94,7 +94,7 @@ def acceptance_fold(pairs, keep, model, *, chains, warmup, draws, seed, model_ef
     if model_effects:
         draft, _, target, _ = train.model_index()
         groups = dict(draft=draft, target=target,
-                      effect_sides=infer.EFFECT_SIDES if model_effects is True else tuple(model_effects))
+                      effect_sides=infer.effect_sides_of(model_effects))
     post = infer.sample_plane(train.ppl_draft, train.ppl_target, train.alpha, weights=train.regression_weights(),
                               model=model, num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
                               progress_bar=False, **groups)
