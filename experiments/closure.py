@@ -78,8 +78,8 @@ def parse_args(argv):
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
-    p.add_argument("--reruns", type=int, default=1, help="times a posterior that fails its checks is run again from "
-                   "new prior starts, with twice the warm-up and draws (1)")
+    p.add_argument("--reruns", type=int, default=2, help="times a posterior that fails its checks is run again from "
+                   "new prior starts, each time with twice the warm-up and draws of the last (2)")
     p.add_argument("--propagate", type=int, default=1000, help="posterior draws pushed through N* (1000)")
     p.add_argument("--starts", type=int, default=1, metavar="K", help="use every K-th start of the law's grid (1: all)")
     p.add_argument("--seed", type=int, default=0)

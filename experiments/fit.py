@@ -100,8 +100,8 @@ def parse_args(argv):
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (4)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS warm-up iterations per chain (500)")
     p.add_argument("--draws", type=int, default=500, help="NUTS draws per chain (500)")
-    p.add_argument("--reruns", type=int, default=1, help="times a posterior that fails its checks is run again "
-                   "from new prior starts, with twice the warm-up and draws (1)")
+    p.add_argument("--reruns", type=int, default=2, help="times a posterior that fails its checks is run again "
+                   "from new prior starts, each time with twice the warm-up and draws of the last (2)")
     p.add_argument("--starts", type=int, metavar="K", help="use every K-th of the 4,500 Epoch starts "
                    "(default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (0)")

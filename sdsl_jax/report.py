@@ -181,7 +181,9 @@ def diagnostics_advice(name: str, post) -> str:
         return ("Check that the pairs cover several draft and target perplexities (a plane needs both to vary), "
                 "or turn the per-model effects off (--run-effects off) where few models repeat; then run longer "
                 "(--warmup/--draws).")
-    again = " (the sampler already ran it again with twice the draws)" if name in checks and checks[name].attempts > 1 else ""
+    reruns = checks[name].attempts - 1 if name in checks else 0
+    again = (f" (the sampler already ran it {reruns} more time{'s' if reruns > 1 else ''}, with up to "
+             f"{2 ** reruns}x the draws)") if reruns else ""
     return f"Run longer (--warmup/--draws) or more chains{again}."
 
 
