@@ -81,28 +81,20 @@ def test_multistart_keeps_the_best_and_reports_convergence():
     assert not np.any(capped.all_converged) and int(capped.all_num_steps.max()) == 3
 
 
-def test_graded_batches_hold_the_live_starts_in_at_most_twice_their_lanes():
-    from sdsl_jax.infer.point import _lanes_for
-
-    assert [_lanes_for(k, 32, 512, True) for k in (1, 32, 33, 45, 129, 257, 512)] == [32, 32, 64, 64, 256, 512, 512]
-    assert [_lanes_for(k, 32, 512, False) for k in (1, 32, 33, 45, 512)] == [32, 32, 512, 512, 512]
-
-
-def test_graded_batches_change_no_start(monkeypatch):
-    # Lanes do not interact: the starts' results are the same to the bit whatever batch runs them.
+def test_starts_run_one_by_one_end_where_they_end_vectorised():
+    # Starts do not interact: one by one or in vmapped rounds, each ends at the same point and step count.
     import sdsl_jax.infer.point as point
 
     rng = np.random.default_rng(1)
     n, d = 10 ** rng.uniform(7, 10, 60), 10 ** rng.uniform(9, 12, 60)
     loss = np.asarray(pretraining_loss(n, d, HOFFMANN2022)) * np.exp(rng.normal(0, 0.01, 60))
-    starts = EPOCH_GRID[::45]  # 100 starts, retiring at different rounds
-    fits = []
-    for threshold in (np.inf, 0):
-        monkeypatch.setattr(point, "_GRADED_BATCHES_FROM", threshold)
-        fits.append(fit_multistart(point.loss_law_objective, starts, args=tuple(jnp.log(v) for v in (n, d, loss)),
-                                   chunk_size=64))
-    for field in ("all_params", "all_values", "all_num_steps", "best_index"):
-        np.testing.assert_array_equal(np.asarray(getattr(fits[0], field)), np.asarray(getattr(fits[1], field)), field)
+    starts = EPOCH_GRID[::45]  # 100 starts, two compiled calls one by one, retiring at different rounds vectorised
+    fits = [fit_multistart(point.loss_law_objective, starts, args=tuple(jnp.log(v) for v in (n, d, loss)),
+                           chunk_size=64, one_by_one=flag) for flag in (True, False)]
+    np.testing.assert_array_equal(np.asarray(fits[0].all_num_steps), np.asarray(fits[1].all_num_steps))
+    assert int(fits[0].best_index) == int(fits[1].best_index)
+    np.testing.assert_allclose(np.asarray(fits[0].all_values), np.asarray(fits[1].all_values), rtol=1e-9)
+    np.testing.assert_allclose(np.asarray(fits[0].params), np.asarray(fits[1].params), rtol=1e-9)
 
 
 def test_fit_needs_x64():

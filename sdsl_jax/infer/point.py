@@ -149,6 +149,26 @@ def _init(params: jax.Array, solver) -> _Carry:
     return _Carry(params, solver.init(params), jnp.asarray(jnp.inf, params.dtype))
 
 
+def _iterate(objective, c: _Carry, args, max_steps, ftol, gtol, steps, linesearch: str, run=True) -> _Carry:
+    """Up to ``steps`` L-BFGS iterations of one start, fewer where its stopping rule ends it (none
+    where ``run`` is false)."""
+    fun = lambda p: objective(p, *args)  # noqa: E731
+    value_and_grad = optax.value_and_grad_from_state(fun)
+
+    def step(inner):
+        c, k = inner
+        value, grad = value_and_grad(c.params, state=c.state)
+        updates, state = _SOLVERS[linesearch].update(grad, c.state, c.params, value=value, grad=grad,
+                                                     value_fn=fun)
+        return _Carry(optax.apply_updates(c.params, updates), state, value), k + 1
+
+    def cond(inner):
+        c, k = inner
+        return run & (k < steps) & _keep_going(c, max_steps, ftol, gtol)
+
+    return jax.lax.while_loop(cond, step, (c, 0))[0]
+
+
 @functools.partial(jax.jit, static_argnames=("objective", "steps", "linesearch"))
 def _advance_chunk(objective, carry: _Carry, indices, args, max_steps, ftol, gtol, *, steps: int,
                    linesearch: str) -> _Carry:
@@ -157,26 +177,27 @@ def _advance_chunk(objective, carry: _Carry, indices, args, max_steps, ftol, gto
     ``indices`` may repeat a start (padding to a fixed chunk size): a repeated start computes
     the same result, so scattering it twice is harmless.
     """
-
-    def one(c: _Carry) -> _Carry:
-        fun = lambda p: objective(p, *args)  # noqa: E731
-        value_and_grad = optax.value_and_grad_from_state(fun)
-
-        def step(inner):
-            c, k = inner
-            value, grad = value_and_grad(c.params, state=c.state)
-            updates, state = _SOLVERS[linesearch].update(grad, c.state, c.params, value=value, grad=grad,
-                                                         value_fn=fun)
-            return _Carry(optax.apply_updates(c.params, updates), state, value), k + 1
-
-        def cond(inner):
-            c, k = inner
-            return (k < steps) & _keep_going(c, max_steps, ftol, gtol)
-
-        return jax.lax.while_loop(cond, step, (c, 0))[0]
-
+    one = lambda c: _iterate(objective, c, args, max_steps, ftol, gtol, steps, linesearch)  # noqa: E731
     advanced = jax.vmap(one)(jax.tree.map(lambda x: x[indices], carry))
     return jax.tree.map(lambda x, y: x.at[indices].set(y), carry, advanced)
+
+
+@functools.partial(jax.jit, static_argnames=("objective", "linesearch"))
+def _run_one_by_one(objective, carry: _Carry, indices, args, max_steps, ftol, gtol, *, linesearch: str) -> _Carry:
+    """Every start of ``indices`` run to its stopping rule, one start after another (``lax.map``).
+
+    Under ``vmap`` a lane runs every line-search trial and every step that any lane of its batch
+    needs; on large data that lockstep, not the arithmetic, sets the cost. Run alone, a start pays
+    for its own trials and steps only. Indices past the last start are padding: skipped, not written.
+    """
+    num_starts = carry.params.shape[0]
+
+    def one(index):
+        c = jax.tree.map(lambda x: x[jnp.minimum(index, num_starts - 1)], carry)
+        return _iterate(objective, c, args, max_steps, ftol, gtol, max_steps, linesearch, run=index < num_starts)
+
+    advanced = jax.lax.map(one, indices)
+    return jax.tree.map(lambda x, y: x.at[indices].set(y, mode="drop"), carry, advanced)
 
 
 def fit_multistart(
@@ -192,14 +213,17 @@ def fit_multistart(
     polish_steps: int = 50,
     progress: Callable[[int, int, int], None] | None = None,
     linesearch: str = "backtracking",
+    one_by_one: bool | None = None,
 ) -> FitResult:
     """Minimise ``objective(theta, *args)`` from every row of ``starts``; keep the best optimum.
 
-    L-BFGS (optax, backtracking line search) vectorised with ``jax.vmap`` over chunks of
-    ``chunk_size`` starts. Runs proceed in rounds of ``steps_per_round`` iterations; after each
-    round the starts that stopped are retired and the rest repacked (on large data into the
-    smallest batch of ``chunk_size / 16 * 2^k`` lanes that holds them), so the cost follows the
-    total number of iterations rather than (number of starts) x (slowest start). Stopping rules
+    L-BFGS (optax, backtracking line search). On a CPU, and on an accelerator with large data, each
+    start runs to its stopping rule on its own, the starts one after another inside compiled calls
+    of 64 (so a start pays only for its own line-search trials and steps). On an accelerator with
+    small data the starts are vectorised with ``jax.vmap`` over chunks of ``chunk_size``, in rounds
+    of ``steps_per_round`` iterations; after each round the starts that stopped are retired and the
+    rest repacked, so the cost follows the total number of iterations rather than (number of
+    starts) x (slowest start). Stopping rules
     are SciPy L-BFGS-B's, except that the decrease is relative to the objective itself (not to
     ``max(|f|, 1)``: a summed loss of 1e-3 would stop at a decrease of 1e-6 of itself): relative
     decrease <= ``ftol`` or gradient norm <= ``gtol``; ``max_steps`` caps a start (and then it is
@@ -211,13 +235,16 @@ def fit_multistart(
       starts: initial parameter vectors, shape ``(num_starts, num_params)``.
       args: data passed to the objective (arrays).
       max_steps, ftol, gtol: stopping rules (see above).
-      chunk_size: starts per vectorised batch.
-      steps_per_round: iterations between retirements.
-      polish_steps: extra iterations for the best start with ``ftol = 0`` (gradient rule only).
-      progress: called as ``progress(round, active_starts, total_starts)`` after each round.
+      chunk_size: starts per vectorised batch (when vectorised).
+      steps_per_round: iterations between retirements (when vectorised).
+      polish_steps: extra iterations, from fresh memory and by the gradient rule alone, for every
+        start within :data:`NEAR_OPTIMUM` of the best (:func:`_polish_near_best`).
+      progress: called as ``progress(round, active_starts, total_starts)`` after each round (each
+        compiled call when the starts run one by one; active counts the starts not yet run).
       linesearch: ``"backtracking"`` (Armijo; about one objective evaluation per iteration, the
         fastest on the Chinchilla fit) or ``"zoom"`` (strong Wolfe; keeps L-BFGS's curvature pairs
         valid on badly conditioned objectives, at about 2.5x the cost per iteration).
+      one_by_one: run the starts one by one (True) or vectorised (False); None chooses as above.
 
     Returns:
       :class:`FitResult`.
@@ -228,44 +255,45 @@ def fit_multistart(
     # rejects; the promotions involved are harmless.
     with jax.numpy_dtype_promotion("standard"):
         return _fit_multistart(objective, jnp.asarray(starts), args, max_steps, ftol, gtol, chunk_size,
-                               steps_per_round, polish_steps, progress, linesearch)
+                               steps_per_round, polish_steps, progress, linesearch, one_by_one)
 
 
-_GRADED_BATCHES_FROM = 2**20
-"""Data elements in one batched evaluation (elements per start x lanes) from which live starts are
-run in batches graded by powers of two. Below it a lane is cheap and each further batch size costs a
-compilation for less than it saves (the Chinchilla fit's 240 rows are below it); the results are
-the same either way, since lanes do not interact (``python -m experiments.bench --only scaling``)."""
+_ONE_BY_ONE_FROM = 2**20
+"""On an accelerator, data elements in one batched evaluation (elements per start x ``chunk_size``
+lanes) from which starts run one after another instead of vmapped (:func:`_run_one_by_one`). A
+vmapped batch runs at the pace of its slowest line search and start; on a CPU that lockstep costs
+more than the batch saves at every size measured (30 to 30,000 rows: ``python -m experiments.bench
+--only scaling``), so there starts always run one by one. The results are the same either way up to
+rounding, since starts do not interact."""
 
-
-def _lanes_for(live: int, smallest: int, largest: int, graded: bool) -> int:
-    """The vmapped batch that runs ``live`` starts: ``graded``, the smallest of ``smallest * 2^k`` (at
-    most ``largest``) that holds them, never more than twice the lanes they need (a few long-running
-    starts padded to hundreds of lanes cost as much as hundreds of starts); otherwise ``smallest`` or
-    ``largest``."""
-    if not graded:
-        return smallest if live <= smallest else largest
-    lanes = smallest
-    while lanes < live and lanes < largest:
-        lanes *= 2
-    return min(lanes, largest)
+_STARTS_PER_CALL = 64
+"""Starts per compiled call when they run one by one: progress is reported between calls."""
 
 
 def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, steps_per_round, polish_steps,
-                    progress, linesearch):
+                    progress, linesearch, one_by_one):
     num_starts = starts.shape[0]
     carry = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(starts)
     small_chunk = max(1, chunk_size // 16)
-    graded = sum(int(np.size(a)) for a in jax.tree.leaves(args)) * chunk_size >= _GRADED_BATCHES_FROM
+    if one_by_one is None:
+        one_by_one = (jax.default_backend() == "cpu"
+                      or sum(int(np.size(a)) for a in jax.tree.leaves(args)) * chunk_size >= _ONE_BY_ONE_FROM)
     keep_going = jax.jit(jax.vmap(_keep_going, (0, None, None, None)))
     limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, starts.dtype), jnp.asarray(gtol, starts.dtype))
+    if one_by_one:
+        calls = -(-num_starts // _STARTS_PER_CALL)
+        for call in range(calls):
+            indices = np.arange(call * _STARTS_PER_CALL, (call + 1) * _STARTS_PER_CALL)  # the last call padded
+            carry = _run_one_by_one(objective, carry, indices, tuple(args), *limits, linesearch=linesearch)
+            if progress is not None:
+                progress(call + 1, max(0, num_starts - (call + 1) * _STARTS_PER_CALL), num_starts)
     active = np.asarray(keep_going(carry, *limits))
     rounds = 0
     while active.any():
         indices = np.flatnonzero(active)
         for first in range(0, indices.size, chunk_size):
             live = indices[first : first + chunk_size]
-            padded = np.resize(live, _lanes_for(live.size, small_chunk, chunk_size, graded))  # repeats real starts
+            padded = np.resize(live, small_chunk if live.size <= small_chunk else chunk_size)  # repeats real starts
             carry = _advance_chunk(objective, carry, padded, tuple(args), *limits, steps=steps_per_round,
                                    linesearch=linesearch)
         active = np.asarray(keep_going(carry, *limits))
@@ -276,18 +304,41 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     values = optax.tree.get(carry.state, "value")
     steps = optax.tree.get(carry.state, "count")
     converged = (steps < max_steps) & jnp.isfinite(values)
-    # Polish the winner: SciPy's ftol rule can stop a start while a few more steps still pay
-    # (at ~1e-10 of the objective); continuing one start with ftol = 0 costs next to nothing.
-    best = int(jnp.argmin(jnp.where(jnp.isfinite(values), values, jnp.inf)))
     if polish_steps:
-        polish_limits = (limits[0] + polish_steps, jnp.zeros_like(limits[1]), limits[2])
-        indices = np.full(small_chunk, best)  # shapes and step count already compiled above
-        for _ in range(-(-polish_steps // steps_per_round)):
-            carry = _advance_chunk(objective, carry, indices, tuple(args), *polish_limits, steps=steps_per_round,
-                                   linesearch=linesearch)
+        carry, steps = _polish_near_best(objective, carry, steps, converged, tuple(args), polish_steps, gtol,
+                                         linesearch)
         values = optax.tree.get(carry.state, "value")
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
+    best = int(jnp.argmin(values))
     return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
+
+
+def _polish_near_best(objective, carry: _Carry, steps, converged, args, polish_steps: int, gtol, linesearch: str):
+    """Every start that stopped by a tolerance (not by ``max_steps``) within :data:`NEAR_OPTIMUM` of
+    the best, continued from fresh L-BFGS memory by the gradient rule alone (``ftol = 0``), at most
+    ``polish_steps`` more steps each.
+
+    SciPy's decrease rule can stop a start while a few more steps still pay (at ~1e-10 of the
+    objective), and a start whose direction stopped descending (a bad curvature pair in its memory)
+    stops where it is. Continued afresh, a near-best start either reaches the best optimum or ends at
+    another stationary point, so the near-best starts that still disagree (:func:`rival_optima`) are
+    rival optima, not starts stopped on the way. There are a few of them: one by one, they cost
+    next to nothing.
+    """
+    values = optax.tree.get(carry.state, "value")
+    values = jnp.where(jnp.isfinite(values), values, jnp.inf)
+    best = jnp.min(values)
+    near = np.flatnonzero(np.asarray(converged & (values <= best + NEAR_OPTIMUM * jnp.abs(best))))
+    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[near])
+    carry = jax.tree.map(lambda x, y: x.at[near].set(y), carry, fresh)
+    limits = (jnp.asarray(polish_steps, jnp.int32), jnp.zeros_like(best), jnp.asarray(gtol, best.dtype))
+    num_starts = carry.params.shape[0]
+    for first in range(0, near.size, _STARTS_PER_CALL):
+        indices = np.full(_STARTS_PER_CALL, num_starts)  # padding past the last start is skipped
+        chunk = near[first : first + _STARTS_PER_CALL]
+        indices[: chunk.size] = chunk
+        carry = _run_one_by_one(objective, carry, indices, args, *limits, linesearch=linesearch)
+    return carry, steps.at[near].add(optax.tree.get(carry.state, "count")[near])
 
 
 def loss_law_objective(theta, log_n, log_d, log_loss, delta=1e-3) -> jax.Array:
