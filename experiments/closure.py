@@ -19,6 +19,10 @@ and with ``--posterior`` their NUTS posteriors. Then for every target of ``specu
 * predicted vs measured alpha (the plane's alpha against the MLE from the speculative runs) and
   T* at the measured-best draft.
 
+With ``--measured acceptance`` (data without speculative runs, such as the factorial ladder's) the
+measured side is the tokens per FLOP each pair's acceptance rate gives at its best integer lookahead
+(:func:`sdsl_jax.validation.closure.expected_speculative_runs`).
+
 With ``--stack`` every loss-law form and acceptance model is fitted and the forms are weighted
 by Bayesian stacking (:func:`fit_forms`); P(best), the T bands and the predicted best are then the
 stacked mixture's, and with ``--prospective`` each fit without a draft size chooses its forms and
@@ -51,7 +55,8 @@ from experiments.runlog import (Log, UsageError, check_arguments, configure_jax,
                                run_header, write_json, write_text)
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, load_speculative
-from sdsl_jax.validation.closure import close_loop, closure_scores, failed_diagnostics, measured_perplexities
+from sdsl_jax.validation.closure import (close_loop, closure_scores, expected_speculative_runs, failed_diagnostics,
+                                          measured_perplexities)
 from sdsl_jax.validation.closure_report import closure_markdown, figure
 from sdsl_jax.validation.closure_fits import (ClosureSettings, add_forward, fit_in_sample, forward_fits,
                                               prior_sensitivity, prospective)
@@ -69,6 +74,11 @@ def parse_args(argv):
                    help="loss-law form: " + ", ".join(FAMILIES) + " (chinchilla)")
     p.add_argument("--acceptance-model", choices=sorted(ACCEPTANCE_MODELS), default="plane",
                    help="acceptance model: " + ", ".join(ACCEPTANCE_MODELS) + " (plane)")
+    p.add_argument("--measured", choices=("speculative", "acceptance"), default="speculative",
+                   help="the measured side: speculative.csv's runs (speculative), or for data without them the "
+                        "tokens per FLOP each pair's acceptance rate gives at its best integer lookahead, drafts at "
+                        "their size's top budget (acceptance; exact rates, as the factorial ladder's, make it what "
+                        "speculative runs measure in expectation)")
     p.add_argument("--posterior", action="store_true", help="NUTS posteriors: P(best draft) and bands")
     p.add_argument("--stack", nargs="?", const="all", default=None, metavar="FORMS",
                    help="with --posterior: fit every loss-law form and acceptance model (or the comma-separated FORMS, "
@@ -160,11 +170,20 @@ def _close(args, argv) -> int:
     log = Log(args.quiet)
     suffix = "" if args.text == "heldout" else "_hellaswag"
     paths = dict(pretraining=os.path.join(args.data, f"pretraining{suffix}.csv"),
-                 acceptance=os.path.join(args.data, f"acceptance{suffix}.csv"),
-                 speculative=os.path.join(args.data, "speculative.csv"))
+                 acceptance=os.path.join(args.data, f"acceptance{suffix}.csv"))
     runs, pairs = load_pretraining(paths["pretraining"]), load_acceptance(paths["acceptance"])
-    speculative = load_speculative(paths["speculative"])
-    check_named_models(speculative, pairs)
+    tables = [runs, pairs]
+    if args.measured == "speculative":
+        paths["speculative"] = os.path.join(args.data, "speculative.csv")
+        speculative = load_speculative(paths["speculative"])
+        check_named_models(speculative, pairs)
+        tables.append(speculative)
+        measured = None
+    else:
+        speculative = expected_speculative_runs(pairs)
+        measured = (f"no speculative runs: each pair's tokens per FLOP from its acceptance rate in {paths['acceptance']} "
+                    "at its best integer lookahead (SDSL cost, i.i.d. acceptance), drafts at their size's top budget; "
+                    "no bootstrap over prompts, no wall-clock.")
     stack = stacked_forms(args)
     out = make_output_folder(args.out or os.path.join(args.data, "closure"))
     stages = Stages(os.path.join(out, "stages"), resume=args.resume, log=log.warning, settings=dict(
@@ -200,13 +219,15 @@ def _close(args, argv) -> int:
     failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking, forward_fits_record)
     if failed:
         log(f"diagnostics: {len(failed)} posterior(s) failed their checks (listed in closure.md)")
-    table = closure_markdown(records, scores, fit, failed, propagate=args.propagate, sensitivity=sensitivity)
+    table = closure_markdown(records, scores, fit, failed, propagate=args.propagate, sensitivity=sensitivity,
+                             measured=measured)
     print(table)
     write_text(os.path.join(out, "closure.md"), table)
     point = fit.point
     write_json(os.path.join(out, "closure.json"), dict(
         **run_header("experiments.closure", argv), seed=args.seed,
-        data={k: dict(path=v, sha256=t.sha256) for (k, v), t in zip(paths.items(), (runs, pairs, speculative))},
+        data={k: dict(path=v, sha256=t.sha256) for (k, v), t in zip(paths.items(), tables)},
+        measured=measured or "speculative runs (speculative.csv)",
         law_family=point.family.name, acceptance_model=point.acceptance_model.name, stacking=fit.stacking,
         prospective_fits=prospective_weights, forward_fits=forward_fits_record, failed_diagnostics=failed,
         prior_sensitivity=sensitivity,

@@ -64,3 +64,48 @@ def test_prior_sensitivity_reports_how_far_p_best_and_the_decision_move(monkeypa
     assert out["max_abs_change_p_best"] == pytest.approx(0.4)
     assert out["bayes_decisions_changed"] == ["B"] and out["failed_checks"] == ["chinchilla"]
     assert records[1]["p_best_wide_priors"] == [0.5, 0.45, 0.05] and records[1]["bayes_decision_wide_priors"] == "d100"
+
+
+def test_the_measured_side_from_acceptance_rates_is_the_best_integer_lookahead_by_brute_force():
+    from sdsl_jax.data import AcceptanceMeasurements
+    from sdsl_jax.validation.closure import expected_speculative_runs
+
+    # Two draft sizes, the first at two budgets (only its top one is a candidate), two targets.
+    n_draft = np.array([1e4, 1e4, 3e4, 1e4, 3e4])
+    d_draft = np.array([1e5, 4e5, 9e5, 4e5, 9e5])
+    n_target = np.array([2e5, 2e5, 2e5, 1e6, 1e6])
+    alpha = np.array([0.55, 0.62, 0.71, 0.58, 0.69])
+    k, nan = alpha.size, np.full(alpha.size, np.nan)
+    pairs = AcceptanceMeasurements(
+        draft=("a@1", "a@4", "b@9", "a@4", "b@9"), target=("T", "T", "T", "U", "U"), n_draft=n_draft,
+        n_target=n_target, d_draft=d_draft, d_target=np.full(k, 4e6), ppl_draft=np.full(k, 9.0),
+        ppl_target=np.full(k, 5.0), alpha=alpha, gamma=nan, n_iterations=nan, accepted=nan, weight=nan,
+        temperature=nan, source=(None,) * k)
+    runs = expected_speculative_runs(pairs)
+    assert runs.draft == ("a@4", "b@9", "a@4", "b@9") and runs.target == ("T", "T", "U", "U")
+    gammas = np.arange(0, 200)
+    for i, row in enumerate([1, 2, 3, 4]):
+        a, n, m = alpha[row], n_draft[row], n_target[row]
+        t = (1 - a ** (gammas + 1)) / ((1 - a) * (2 * n * gammas + 2 * m))  # the SDSL cost, every integer gamma
+        assert runs.gamma[i] == gammas[np.argmax(t)]
+        assert runs.tokens_per_flop_sdsl[i] == pytest.approx(t.max(), rel=1e-12)
+        assert runs.alpha_mle[i] == a and runs.target_alone_tokens_per_flop_sdsl[i] == pytest.approx(1 / (2 * m))
+    assert np.isnan(runs.wallclock_speedup).all() and runs.per_prompt(0) is None
+
+
+def test_a_closure_on_acceptance_rates_alone_names_its_measured_side(tmp_path):
+    # The factorial ladder has no speculative runs: its closure measures T from the exact acceptance rates.
+    import json
+
+    from experiments import closure
+
+    assert closure.main(["--data", "fits/ladder/factorial", "--measured", "acceptance", "--starts", "50",
+                         "--out", str(tmp_path), "--quiet", "--no-figure"]) == 0
+    result = json.loads((tmp_path / "closure.json").read_text())
+    assert "speculative" not in result["data"] and result["measured"].startswith("no speculative runs")
+    assert len(result["targets"]) == 8  # every model but the smallest is a target
+    for rec in result["targets"]:
+        assert rec["fastest_wallclock"] is None and rec["measured_best_bootstrap"] is None
+        t = np.array(rec["measured_tokens_per_flop"])
+        assert rec["measured_best"] == rec["drafts"][int(np.argmax(t))]
+    assert "Measured side: no speculative runs" in (tmp_path / "closure.md").read_text()

@@ -9,8 +9,10 @@ import numpy as np
 
 from sdsl_jax import SDSL_FLOPS, TokensPerParameter, best_lookahead, draft_throughput, solve_draft_size
 from sdsl_jax.data import SpeculativeRuns
+from sdsl_jax.speculative import optimal_integer_lookahead, throughput
 
 __all__ = [
+    "expected_speculative_runs",
     "measured_perplexities",
     "run_label_of",
     "candidate_labels",
@@ -24,6 +26,41 @@ __all__ = [
     "closure_scores",
     "failed_diagnostics",
 ]
+
+
+def expected_speculative_runs(pairs) -> SpeculativeRuns:
+    """The measured side of a closure from an acceptance table instead of speculative runs.
+
+    For every pair whose draft is at its size's top budget (the largest ``d_draft`` of that size),
+    one row at the best integer lookahead, with the tokens per FLOP under the SDSL cost that the
+    pair's acceptance rate gives under i.i.d. acceptance [Leviathan et al. 2023, eq. 1]:
+    ``T = (1 - alpha^(gamma+1)) / ((1 - alpha)(2 N gamma + 2 M))``. With exact rates (alpha =
+    1 - E[TV] over held-out text, as the factorial ladder measures them) it is what speculative
+    runs measure in expectation, without their sampling noise over prompts; it has no prompts,
+    iterations or timing (NaN), so a closure on it has no bootstrap over prompts and no wall-clock
+    column.
+    """
+    alpha = np.asarray(pairs.alpha, np.float64)
+    n_draft, d_draft = np.asarray(pairs.n_draft, np.float64), np.asarray(pairs.d_draft, np.float64)
+    top = {n: d_draft[n_draft == n].max() for n in np.unique(n_draft)}
+    rows = [i for i in range(alpha.size) if d_draft[i] == top[n_draft[i]]]
+    if not rows:
+        raise ValueError("no acceptance pair to build the measured side from")
+    pick = lambda column: np.asarray(column, np.float64)[rows]  # noqa: E731
+    gamma = np.asarray(optimal_integer_lookahead(pick(alpha), pick(n_draft), pick(pairs.n_target)))
+    tokens_per_flop = np.asarray(throughput(pick(alpha), gamma, pick(n_draft), pick(pairs.n_target)))
+    nan = np.full(len(rows), np.nan)
+    return SpeculativeRuns(
+        target=tuple(pairs.target[i] for i in rows), draft=tuple(pairs.draft[i] for i in rows),
+        n_target=pick(pairs.n_target), n_draft=pick(n_draft), d_target=pick(pairs.d_target), d_draft=pick(d_draft),
+        gamma=gamma, prompts=nan, new_tokens=nan, iterations=nan, accepted=nan,
+        alpha_mle=pick(alpha), accepted_over_drafted=nan, tau=nan, histogram=(None,) * len(rows), draft_calls=nan,
+        target_calls=nan, tokens_per_flop_sdsl=tokens_per_flop,
+        predicted_tokens_per_flop_sdsl=nan, target_alone_tokens_per_flop_sdsl=np.array(
+            [1 / SDSL_FLOPS.verification(float(pairs.n_target[i]), 1) for i in rows]),
+        tokens_per_flop_xla=nan, target_alone_tokens_per_flop_xla=nan, seconds_median=nan, seconds_iqr=nan,
+        tokens_per_second=nan, target_alone_tokens_per_second=nan, wallclock_speedup=nan, repeats=nan,
+        path=pairs.path, sha256=pairs.sha256)
 
 
 def measured_perplexities(pairs) -> dict[str, float]:
@@ -94,7 +131,8 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
                                        scales=scales, labels=labels, seed=seed)
         pred_idx = ranking.best
         best_measured = int(np.argmax(measured_t))
-        fastest = max(rows, key=lambda i: spec.wallclock_speedup[i])
+        timed = [i for i in rows if np.isfinite(spec.wallclock_speedup[i])]
+        fastest = max(timed, key=lambda i: spec.wallclock_speedup[i]) if timed else None
         d_ref = float(np.exp(np.mean(np.log(d))))
         sol = solve_draft_size(m, d_draft=d_ref, d_target=d_prime, loss=law, plane=plane)
         # The ladder trains drafts on D = rho N (rho = 40 or 20 bytes per parameter), not on one D
@@ -108,8 +146,9 @@ def close_loop(speculative: SpeculativeRuns, point, *, draws=None, scales=None,
             predicted_tokens_per_flop=ranking.throughput.tolist(), predicted_alpha=ranking.alpha.tolist(),
             predicted_best=drafts[pred_idx] if pred_idx is not None else None,
             measured_best=drafts[best_measured], measured_best_gamma=int(spec.gamma[best_runs[best_measured]]),
-            fastest_wallclock=spec.draft[fastest], fastest_wallclock_gamma=int(spec.gamma[fastest]),
-            fastest_wallclock_speedup=float(spec.wallclock_speedup[fastest]),
+            fastest_wallclock=None if fastest is None else spec.draft[fastest],
+            fastest_wallclock_gamma=None if fastest is None else int(spec.gamma[fastest]),
+            fastest_wallclock_speedup=None if fastest is None else float(spec.wallclock_speedup[fastest]),
             n_star=float(sol.n_star), n_star_status=int(sol.status), t_star=float(sol.throughput),
             recipe_tokens_per_param=rho, n_star_recipe=float(along.n_star), n_star_recipe_status=int(along.status),
             gamma_star=float(sol.gamma_star), target_alone_tokens_per_flop=1 / SDSL_FLOPS.verification(m, 1),

@@ -53,7 +53,9 @@ def markdown_table(records: list[dict]) -> str:
             + (f" ({r['plane_only_best']})" if "plane_only_best" in r else "") + " | "
             f"{p_best} | {n_star} {band} | {along} | {r['measured_best']} ({r['measured_best_gamma']}) | "
             f"{r['measured_fraction_of_best']:.3f} | "
-            f"{r['fastest_wallclock']} ({r['fastest_wallclock_gamma']}, x{r['fastest_wallclock_speedup']:.2f}) | "
+            + ("not timed" if r["fastest_wallclock"] is None else
+               f"{r['fastest_wallclock']} ({r['fastest_wallclock_gamma']}, x{r['fastest_wallclock_speedup']:.2f})")
+            + " | "
             f"{r['predicted_alpha'][i]:.3f} / {r['measured_alpha_mle'][i]:.3f} | "
             f"x{r['predicted_tokens_per_flop'][i] / base:.2f} / x{r['measured_tokens_per_flop'][i] / base:.2f} |")
     outside = sum(outside_band(r["n_star"], r.get("n_star_band"))
@@ -66,11 +68,12 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str], *, propagate: int,
-                     sensitivity: dict | None = None) -> str:
-    """closure.md: the table, the forecast scores, the failed checks, the stacked forms (``propagate``:
-    the draws each form's share was taken from) and how P(best) moves with wider priors
-    (``sensitivity``, :func:`sdsl_jax.validation.closure_fits.prior_sensitivity`)."""
-    table = markdown_table(records)
+                     sensitivity: dict | None = None, measured: str | None = None) -> str:
+    """closure.md: what the measured side is (``measured``, a sentence), the table, the forecast scores,
+    the failed checks, the stacked forms (``propagate``: the draws each form's share was taken from)
+    and how P(best) moves with wider priors (``sensitivity``,
+    :func:`sdsl_jax.validation.closure_fits.prior_sensitivity`)."""
+    table = ("" if measured is None else f"Measured side: {measured}\n\n") + markdown_table(records)
     if fit.draws is not None:
         s = scores.get("predictive" if fit.scales is not None else "mean_only") or forecast_scores(records)
         table += (f"\nP(best) scored as a forecast of the measured best over {len(records)} targets: log score "
