@@ -9,7 +9,7 @@ Sections:
   draft_size  N* for 10,000 target sizes in one vectorised call against a Python loop of
               scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
               (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.
-  fit         the loss-law fit from the Epoch replication's 4,500 starts (vectorised optax L-BFGS)
+  fit         the loss-law fit from the Epoch replication's 4,500 starts (multi-start optax L-BFGS)
               against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
               subset of the same starts: time per start and both optima.
   calibration coverage of 90% posterior intervals over synthetic datasets (plane, loss law), and of
