@@ -315,8 +315,8 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
 
 def _polish_near_best(objective, carry: _Carry, steps, converged, args, polish_steps: int, gtol, linesearch: str):
     """Every start that stopped by a tolerance (not by ``max_steps``) within :data:`NEAR_OPTIMUM` of
-    the best, continued from fresh L-BFGS memory by the gradient rule alone (``ftol = 0``), at most
-    ``polish_steps`` more steps each.
+    the best but not already within 1e-9 of it, and the best start, continued from fresh L-BFGS
+    memory by the gradient rule alone (``ftol = 0``), at most ``polish_steps`` more steps each.
 
     SciPy's decrease rule can stop a start while a few more steps still pay (at ~1e-10 of the
     objective), and a start whose direction stopped descending (a bad curvature pair in its memory)
@@ -328,7 +328,9 @@ def _polish_near_best(objective, carry: _Carry, steps, converged, args, polish_s
     values = optax.tree.get(carry.state, "value")
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     best = jnp.min(values)
-    near = np.flatnonzero(np.asarray(converged & (values <= best + NEAR_OPTIMUM * jnp.abs(best))))
+    # Starts already at the best objective (to 1e-9) have nothing to gain, except the best one itself.
+    near = np.flatnonzero(np.asarray(converged & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
+                                     & ((values > best + 1e-9 * jnp.abs(best)) | (jnp.arange(values.size) == jnp.argmin(values)))))
     fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[near])
     carry = jax.tree.map(lambda x, y: x.at[near].set(y), carry, fresh)
     limits = (jnp.asarray(polish_steps, jnp.int32), jnp.zeros_like(best), jnp.asarray(gtol, best.dtype))
