@@ -249,8 +249,13 @@ def _misspecified(args, command: str) -> dict | None:
                                  log=lambda line: print(line, flush=True))
     settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
                                propagate=args.chains * args.draws)
+    # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
+    # each family's target acceptance) belong to the study too: a closure fitted under other choices
+    # is another study's, never resumed into this one.
     study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
-                 warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design, args.speculative_design])
+                 warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design, args.speculative_design],
+                 model_effects=list(pairs.model_effects_identified()[0]),
+                 target_accept={name: FAMILIES[name].target_accept for name in stack[0]})
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)
     stage_path = os.path.join(stages, "misspecified.jsonl" if shards == 1 else f"misspecified-{shard}of{shards}.jsonl")

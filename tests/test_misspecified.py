@@ -146,6 +146,15 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     assert "closure " not in capsys.readouterr().out
     assert json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]["closures"] == \
         study["closures"]
+    # A closure fitted under other fitting choices (here another target acceptance) is not resumed.
+    stage = tmp_path / "stages" / "misspecified-0of2.jsonl"
+    unit = json.loads(stage.read_text().splitlines()[0])
+    assert unit["study"]["model_effects"] == ["draft"] and unit["study"]["target_accept"] == {"chinchilla": 0.9}
+    unit["study"]["target_accept"] = {"chinchilla": 0.8}
+    stage.write_text(json.dumps(unit) + "\n")
+    assert calibration.main(args) == 0
+    out = capsys.readouterr().out
+    assert "closure 1/2" in out and "closure 2/2" not in out
     assert calibration.main(args + ["--shard", "2/2"]) == 2
     assert "--shard" in capsys.readouterr().err
 
