@@ -1,7 +1,7 @@
 """Point fits with optax: a multi-start L-BFGS fitter, the loss law and the plane.
 
-Generic fitter. :func:`fit_multistart` runs optax's L-BFGS from many starts at once (``jax.vmap``
-over chunks, retiring finished starts between rounds), with SciPy L-BFGS-B's stopping rules, and
+Generic fitter. :func:`fit_multistart` runs optax's L-BFGS from many starts (one after another on a
+CPU, vmapped in rounds on an accelerator with small data), with SciPy L-BFGS-B's stopping rules, and
 keeps the best finite optimum, reporting convergence for every start.
 
 Loss law [Besiroglu et al. 2024, the Epoch replication of Hoffmann et al. 2022 Approach 3]::
@@ -287,9 +287,9 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
             carry = _run_one_by_one(objective, carry, indices, tuple(args), *limits, linesearch=linesearch)
             if progress is not None:
                 progress(call + 1, max(0, num_starts - (call + 1) * _STARTS_PER_CALL), num_starts)
-    active = np.asarray(keep_going(carry, *limits))
+    active = np.zeros(num_starts, bool) if one_by_one else np.asarray(keep_going(carry, *limits))
     rounds = 0
-    while active.any():
+    while active.any():  # vectorised rounds (each start run one by one already ended by its rule)
         indices = np.flatnonzero(active)
         for first in range(0, indices.size, chunk_size):
             live = indices[first : first + chunk_size]
