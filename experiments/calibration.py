@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speculative-design", default="fits/ladder/speculative.csv",
                         help="misspecified: the speculative runs whose targets, candidate drafts and lookaheads "
                              "the closures score (default fits/ladder/speculative.csv)")
+    parser.add_argument("--measured", choices=("speculative", "acceptance"), default="speculative",
+                        help="misspecified: the measured side each synthetic closure is scored on: the speculative "
+                             "runs of --speculative-design (speculative), or for a design without them each "
+                             "top-budget draft's pair at its best integer lookahead (acceptance)")
     parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
                         help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
                              "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
@@ -244,7 +248,7 @@ def _misspecified(args, command: str) -> dict | None:
         except ValueError:
             raise UsageError(f"--shard: {args.shard!r} is not I/K with 0 <= I < K") from None
     runs, pairs = load_pretraining(args.design), load_acceptance(args.acceptance_design)
-    speculative = load_speculative(args.speculative_design)
+    speculative = load_speculative(args.speculative_design) if args.measured == "speculative" else None
     processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
                                  log=lambda line: print(line, flush=True))
     settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
@@ -253,7 +257,8 @@ def _misspecified(args, command: str) -> dict | None:
     # each family's target acceptance) belong to the study too: a closure fitted under other choices
     # is another study's, never resumed into this one.
     study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
-                 warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design, args.speculative_design],
+                 warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
+                         args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),
                  target_accept={name: FAMILIES[name].target_accept for name in stack[0]})
     stages = os.path.join(args.out, "stages")

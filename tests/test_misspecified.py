@@ -54,6 +54,31 @@ def test_without_noise_the_synthetic_ladder_is_the_process_itself():
         assert truth["n_star_new"] == pytest.approx(want, rel=1e-9)
 
 
+def test_a_design_without_speculative_runs_is_scored_on_its_own_pairs_at_their_best_lookahead():
+    """The factorial ladder has no speculative runs: each target's candidates are its top-budget
+    drafts, their truth the tokens per FLOP of the synthetic pair's alpha at its best integer gamma."""
+    from sdsl_jax.speculative import throughput
+
+    factorial = "fits/ladder/factorial/"
+    runs, pairs = load_pretraining(factorial + "pretraining.csv"), load_acceptance(factorial + "acceptance.csv")
+    data = synthetic_closure_data(process(0.0), runs, pairs, None, seed=0)
+    spec = data.speculative
+    top = {n: pairs.d_draft[pairs.n_draft == n].max() for n in np.unique(pairs.n_draft)}
+    assert len(spec.target) == sum(d == top[n] for n, d in zip(pairs.n_draft, pairs.d_draft))
+    alpha = dict(zip(zip(data.pairs.draft, data.pairs.target), data.pairs.alpha))
+    np.testing.assert_array_equal(spec.alpha_mle, [alpha[k] for k in zip(spec.draft, spec.target)])
+    for i in range(len(spec.target)):  # brute force over integer lookaheads
+        gammas = np.arange(0.0, 80.0)
+        t = np.asarray(throughput(spec.alpha_mle[i], gammas, spec.n_draft[i], spec.n_target[i]))
+        assert spec.gamma[i] == gammas[np.argmax(t)]
+        assert spec.tokens_per_flop_sdsl[i] == pytest.approx(t.max(), rel=1e-12)
+    assert set(data.truth) == set(spec.target)
+    for target, truth in data.truth.items():
+        assert truth["best"] == int(np.argmax(truth["tokens_per_flop"]))
+        # The drafts' shared top budget (each size's to within a batch of tokens).
+        assert truth["d_reference"] == pytest.approx(pairs.d_draft.max(), rel=1e-3) and truth["n_star_mean"] > 0
+
+
 def test_noise_reaches_the_rows_at_its_scale_and_the_seed_fixes_it():
     runs, pairs, spec = design()
     a, b = (synthetic_closure_data(process(1.0), runs, pairs, spec, seed=s) for s in (1, 1))

@@ -138,9 +138,13 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
     the two perplexities, shifted by the draft's and the target's effects, with the pair's residual
     (:func:`sdsl_jax.acceptance.predictive_acceptance`); the speculative runs' T is that alpha's
     tokens per FLOP at the run's lookahead, and their per-prompt counts are dropped (the truth has no
-    prompts to resample).
+    prompts to resample). With ``speculative=None`` (a design without speculative runs, such as the
+    factorial ladder's) the measured side is the synthetic pairs' own
+    (:func:`sdsl_jax.validation.closure.expected_speculative_runs`): each top-budget draft's pair at
+    its best integer lookahead.
     """
     from sdsl_jax import solve_draft_size
+    from sdsl_jax.validation.closure import expected_speculative_runs
 
     rng = np.random.default_rng(seed)
     family, plane = FAMILIES[process.family], process.plane
@@ -153,7 +157,8 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
                 + process.loss_sigma * rng.standard_t(process.loss_nu, len(log_n)))
     loss = np.exp(log_loss)
     ppl = dict(zip(runs.name, np.exp(loss)))
-    missing = sorted({*pairs.draft, *pairs.target, *speculative.draft, *speculative.target} - set(ppl))
+    scored = speculative if speculative is not None else pairs
+    missing = sorted({*pairs.draft, *pairs.target, *scored.draft, *scored.target} - set(ppl))
     if missing:
         raise ValueError(f"models without a pre-training row (their perplexity is drawn from it): {missing[:5]}")
 
@@ -166,7 +171,7 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
 
     # Every pair the tables hold, in order of first appearance: its effects and residual, then all
     # alphas in one vectorised call.
-    keys = list(dict.fromkeys([*zip(pairs.draft, pairs.target), *zip(speculative.draft, speculative.target)]))
+    keys = list(dict.fromkeys([*zip(pairs.draft, pairs.target), *zip(scored.draft, scored.target)]))
     shift = np.array([effect("draft", a) + effect("target", b) for a, b in keys])
     z = rng.standard_normal(len(keys))
     values = np.asarray(predictive_acceptance(plane, np.array([ppl[a] for a, _ in keys]),
@@ -177,13 +182,18 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
     new_pairs = dataclasses.replace(
         pairs, ppl_draft=np.array([ppl[a] for a in pairs.draft]), ppl_target=np.array([ppl[b] for b in pairs.target]),
         alpha=pair_alphas, path=None)
-    spec_alpha = np.array([alphas[key] for key in zip(speculative.draft, speculative.target)])
-    spec_t = np.asarray(throughput_under(SDSL_FLOPS, spec_alpha, speculative.gamma.astype(np.float64),
-                                         speculative.n_draft.astype(np.float64),
-                                         speculative.n_target.astype(np.float64)))
-    new_speculative = dataclasses.replace(
-        speculative, alpha_mle=spec_alpha, accepted_over_drafted=spec_alpha, tokens_per_flop_sdsl=spec_t,
-        iterations_per_prompt=None, accepted_per_prompt=None, path=None, sha256=None)
+    if speculative is None:
+        speculative = expected_speculative_runs(new_pairs)
+        spec_t = speculative.tokens_per_flop_sdsl
+        new_speculative = speculative
+    else:
+        spec_alpha = np.array([alphas[key] for key in zip(speculative.draft, speculative.target)])
+        spec_t = np.asarray(throughput_under(SDSL_FLOPS, spec_alpha, speculative.gamma.astype(np.float64),
+                                             speculative.n_draft.astype(np.float64),
+                                             speculative.n_target.astype(np.float64)))
+        new_speculative = dataclasses.replace(
+            speculative, alpha_mle=spec_alpha, accepted_over_drafted=spec_alpha, tokens_per_flop_sdsl=spec_t,
+            iterations_per_prompt=None, accepted_per_prompt=None, path=None, sha256=None)
     new_runs = dataclasses.replace(runs, loss=loss, path=None, sha256=None)
 
     truth, new_effects = {}, []
