@@ -51,19 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=STUDIES, help="one study only (default: all but sbc and misspecified)")
     parser.add_argument("--families", default=",".join(FAMILIES),
                         help="sbc: the loss-law families, comma-separated (default: all: " + ",".join(FAMILIES) + ")")
-    parser.add_argument("--design", default="fits/ladder/pretraining.csv",
+    parser.add_argument("--design", default="fits/ladder-v1/pretraining.csv",
                         help="sbc, misspecified: the runs whose (N, D) and training runs the data are simulated at "
-                             "(default fits/ladder/pretraining.csv)")
+                             "(default fits/ladder-v1/pretraining.csv)")
     parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
-    parser.add_argument("--acceptance-design", default="fits/ladder/acceptance.csv",
+    parser.add_argument("--acceptance-design", default="fits/ladder-v1/acceptance.csv",
                         help="sbc, misspecified: the pairs whose perplexities, weights and models the alphas are "
                              "simulated at, with per-model effects where the pairs identify them "
-                             "(default fits/ladder/acceptance.csv)")
-    parser.add_argument("--speculative-design", default="fits/ladder/speculative.csv",
+                             "(default fits/ladder-v1/acceptance.csv)")
+    parser.add_argument("--speculative-design", default="fits/ladder-v1/speculative.csv",
                         help="misspecified: the speculative runs whose targets, candidate drafts and lookaheads "
-                             "the closures score (default fits/ladder/speculative.csv)")
+                             "the closures score (default fits/ladder-v1/speculative.csv)")
     parser.add_argument("--measured", choices=("speculative", "acceptance"), default="speculative",
                         help="misspecified: the measured side each synthetic closure is scored on: the speculative "
                              "runs of --speculative-design (speculative), or for a design without them each "

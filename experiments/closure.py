@@ -1,6 +1,6 @@
 """Close the loop on the ladder: does the SDSL law, fitted on our models, pick the draft that measures best?
 
-    python -m experiments.closure --data fits/ladder --posterior      # the committed table
+    python -m experiments.closure --data fits/ladder-v1 --posterior      # the committed table
     python -m experiments.closure --data out/ladder/micro/measure     # micro ladder (tests)
 
 From ``pretraining.csv`` and ``acceptance.csv`` (``experiments.measure``): fit the loss law
@@ -66,8 +66,8 @@ from sdsl_jax.validation.forms import Stages, stack_records
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.closure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="fits/ladder", help="folder with pretraining.csv, acceptance.csv and "
-                   "speculative.csv (fits/ladder)")
+    p.add_argument("--data", default="fits/ladder-v1", help="folder with pretraining.csv, acceptance.csv and "
+                   "speculative.csv (fits/ladder-v1)")
     p.add_argument("--text", choices=("heldout", "hellaswag"), default="heldout",
                    help="which evaluation text's perplexities and alpha to fit (heldout)")
     p.add_argument("--law", choices=sorted(FAMILIES), default="chinchilla",

@@ -61,11 +61,19 @@ DATASETS: dict[str, Dataset] = {
             d_target=1e12, compare_to_paper=True, one_run_per_row=True),
         Dataset(
             name="ladder",
-            description="our trained model ladder (fits/ladder/): runs, exact alpha of 84 pairs, speculative runs; "
-                        "targets 50k-2M, D = D' = 5e6",
+            description="our trained model ladder (fits/ladder/): 9 sizes x 5 shared budgets (45 runs), exact alpha "
+                        "of 180 pairs, no speculative runs; targets 50k-2M, D = D' = 1e7",
             pretraining=os.path.join(REPO, "fits", "ladder", "pretraining.csv"),
             acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"),
-            speculative=os.path.join(REPO, "fits", "ladder", "speculative.csv"), drop_highest_loss=0, m_min=5e4,
+            speculative=None, drop_highest_loss=0, m_min=5e4,
+            m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=1e7, d_target=1e7, compare_to_paper=False),
+        Dataset(
+            name="ladder-v1",
+            description="the first ladder (fits/ladder-v1/): 7 sizes at 4 budgets tied to N, exact alpha of 84 pairs, "
+                        "speculative runs; targets 50k-2M, D = D' = 5e6",
+            pretraining=os.path.join(REPO, "fits", "ladder-v1", "pretraining.csv"),
+            acceptance=os.path.join(REPO, "fits", "ladder-v1", "acceptance.csv"),
+            speculative=os.path.join(REPO, "fits", "ladder-v1", "speculative.csv"), drop_highest_loss=0, m_min=5e4,
             m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=5e6, d_target=5e6, compare_to_paper=False),
     )
 }

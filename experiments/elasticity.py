@@ -1,6 +1,6 @@
 """Does the draft's training budget move N*? The factorial ladder's answer, measured and predicted.
 
-    python -m experiments.elasticity --data fits/ladder/factorial --out fits/ladder/factorial/elasticity
+    python -m experiments.elasticity --data fits/ladder --out fits/ladder/elasticity
 
 SDSL (2026, arXiv 2603.11053) holds that the training data of draft and target move N* only at
 second order, while the target's size decides it. On the factorial ladder every size is trained on

@@ -1,6 +1,6 @@
 """Held-out checks of the bands: leave one model size out, predict it, score and compare forms.
 
-    python -m experiments.holdout --data fits/ladder        # fits/ladder/holdout/holdout.{json,md}
+    python -m experiments.holdout --data fits/ladder-v1        # fits/ladder-v1/holdout/holdout.{json,md}
 
 For every loss-law family (``--laws``) and every model size s of ``pretraining.csv``: fit the law
 (point fit, then NUTS) on the runs of the OTHER sizes and predict the held-out size's runs from the
@@ -36,7 +36,7 @@ from sdsl_jax.validation.holdout import holdout_markdown, run_holdout
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.holdout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="fits/ladder", help="folder with pretraining.csv and acceptance.csv")
+    p.add_argument("--data", default="fits/ladder-v1", help="folder with pretraining.csv and acceptance.csv")
     p.add_argument("--out", help="output folder (DATA/holdout)")
     p.add_argument("--laws", default="chinchilla,kaplan,broken,data", help="comma-separated law families")
     p.add_argument("--acceptance-models", default="plane,log-plane", help="comma-separated acceptance models")

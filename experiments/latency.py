@@ -1,6 +1,6 @@
 """Measure per-call latency of every ladder model: one draft step and one verification of k tokens.
 
-    python -m experiments.latency --preset real --out fits/ladder     # fits/ladder/latency.csv (+ .json)
+    python -m experiments.latency --preset real --out fits/ladder-v1     # fits/ladder-v1/latency.csv (+ .json)
 
 For each model of the preset (the shapes of ``experiments.ladder``), each batch size (``--batches``,
 default 1 and 8) and each k = 1 .. ``--max-tokens`` (12): the seconds of one forward call reading
@@ -48,7 +48,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="real", help="ladder whose shapes are timed (real)")
-    p.add_argument("--out", default="fits/ladder", help="folder of latency.csv and latency.json (fits/ladder)")
+    p.add_argument("--out", default="fits/ladder-v1", help="folder of latency.csv and latency.json (fits/ladder-v1)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes (1 8)")
     p.add_argument("--max-tokens", type=int, default=12, help="largest k timed (12)")
     p.add_argument("--cache-length", type=int, default=80, help="positions already in the KV cache (80: the middle "

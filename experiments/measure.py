@@ -1,7 +1,7 @@
 """Measure speculative decoding between the ladder's models; write the datasets the fitters read.
 
     python -m experiments.measure --preset micro                 # after `experiments.ladder --preset micro`
-    python -m experiments.measure --preset real --out fits/ladder  # the committed measurements
+    python -m experiments.measure --preset real --out fits/ladder-v1  # the committed measurements
 
 For every (draft, target) pair with the draft smaller (targets: each rung's longest budget; drafts:
 every budget of every smaller rung):
@@ -54,7 +54,7 @@ from sdsl_jax.store import atomic_write
 # Per preset: what fits its models' context (prompt + new tokens + gamma + 1 <= seq_len) and its time.
 SPECULATIVE_DEFAULTS = {
     # gamma up to 10: the law's gamma* for the largest target's drafts is 5.5-6, the top of the grid
-    # the committed fits/ladder/speculative.csv was measured on (1, 2, 4, 6).
+    # the committed fits/ladder-v1/speculative.csv was measured on (1, 2, 4, 6).
     "real": dict(gammas="1,2,4,6,8,10", prompts=32, prompt_len=48, new_tokens=64, timing_prompts=4, repeats=7),
     "micro": dict(gammas="1,3", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
 }

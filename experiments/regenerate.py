@@ -39,16 +39,16 @@ class Committed(NamedTuple):
 
 
 COMMITTED = (
-    Committed("wallclock", "fits/ladder/closure/wallclock.json", True),
+    Committed("wallclock", "fits/ladder-v1/closure/wallclock.json", True),
     Committed("score", "fits/ladder/preregistered/score.json", True, ("predictions.json",)),
     Committed("reference", "fits/reference/summary.json", True),
-    Committed("ladder_fit", "fits/ladder/fit/summary.json", False),
-    Committed("closure", "fits/ladder/closure/closure.json", False),
-    Committed("closure_broken", "fits/ladder/closure_broken/closure.json", False),
-    Committed("closure_stacked", "fits/ladder/closure_stacked/closure.json", False),
-    Committed("closure_forward", "fits/ladder/closure_forward/closure.json", False),
-    Committed("holdout", "fits/ladder/holdout/holdout.json", False),
-    Committed("elasticity", "fits/ladder/factorial/elasticity/elasticity.json", False),
+    Committed("ladder_fit", "fits/ladder-v1/fit/summary.json", False),
+    Committed("closure", "fits/ladder-v1/closure/closure.json", False),
+    Committed("closure_broken", "fits/ladder-v1/closure_broken/closure.json", False),
+    Committed("closure_stacked", "fits/ladder-v1/closure_stacked/closure.json", False),
+    Committed("closure_forward", "fits/ladder-v1/closure_forward/closure.json", False),
+    Committed("holdout", "fits/ladder-v1/holdout/holdout.json", False),
+    Committed("elasticity", "fits/ladder/elasticity/elasticity.json", False),
     Committed("sbc", "fits/calibration/sbc.json", False),
 )
 

@@ -1,6 +1,6 @@
 """Wall-clock closure: does a latency model fitted from per-call timings pick the fastest (draft, gamma)?
 
-    python -m experiments.wallclock --data fits/ladder       # fits/ladder/closure/wallclock.{json,md,png}
+    python -m experiments.wallclock --data fits/ladder-v1       # fits/ladder-v1/closure/wallclock.{json,md,png}
 
 From ``latency.csv`` (``experiments.latency``: per-call seconds of every ladder model reading
 k = 1 .. 12 positions) fit ``t(N, k)`` (``sdsl_jax.latency``; ``--form auto`` picks the form with
@@ -36,7 +36,7 @@ from sdsl_jax.validation.wallclock import close_wallclock, wallclock_figure, wal
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.wallclock", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="fits/ladder", help="folder with latency.csv and speculative.csv (fits/ladder)")
+    p.add_argument("--data", default="fits/ladder-v1", help="folder with latency.csv and speculative.csv (fits/ladder-v1)")
     p.add_argument("--out", help="output folder (DATA/closure)")
     p.add_argument("--batch", type=int, default=1, help="batch size of the latency rows to fit (1: the runs' batch)")
     p.add_argument("--form", default="auto", help="latency form: auto (smallest held-out error) or a name of "

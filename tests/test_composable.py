@@ -164,7 +164,7 @@ def test_importing_the_clis_changes_no_global_jax_state():
 
 
 def test_committed_speculative_runs_follow_their_schema():
-    runs = load_speculative(os.path.join(REPO, "fits", "ladder", "speculative.csv"))
+    runs = load_speculative(os.path.join(REPO, "fits", "ladder-v1", "speculative.csv"))
     assert len(runs) == 126 and set(runs.gamma) == {1, 2, 4, 6, 8, 10}
     # Per-prompt counts (the closure's bootstrap over prompts) add up to each row's totals.
     for i in range(len(runs)):
@@ -179,5 +179,5 @@ def test_committed_speculative_runs_follow_their_schema():
         rejected = counts[:-1].sum()
         np.testing.assert_allclose((counts * k).sum() / ((counts * k).sum() + rejected), runs.alpha_mle[i],
                                    rtol=1e-12)
-    with open(os.path.join(REPO, "fits", "ladder", "measure.json")) as f:
+    with open(os.path.join(REPO, "fits", "ladder-v1", "measure.json")) as f:
         assert json.load(f)  # the provenance beside it parses

@@ -297,7 +297,7 @@ def test_closure_with_posterior_on_the_micro_ladder(micro_ladder, tmp_path, monk
                                             (["--prior-sensitivity"], "--prior-sensitivity compares posterior"),
                                             (["--posterior", "--prior-sensitivity", "0"], "must be a positive number")])
 def test_closure_stack_arguments_exit_2(args, fragment, tmp_path, capsys):
-    data = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
+    data = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder-v1")
     assert closure.main(["--data", data, "--out", str(tmp_path), "--quiet", *args]) == 2
     assert fragment in capsys.readouterr().err
 

@@ -23,7 +23,7 @@ from experiments import calibration, closure, fit, holdout, leviathan, reproduce
 from sdsl_jax.data import DataError, load_speculative
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
-LADDER = os.path.join(ROOT, "fits", "ladder")
+LADDER = os.path.join(ROOT, "fits", "ladder-v1")
 ENV = dict(os.environ, SDSL_JAX_COMPILE_CACHE="off", PYTHONUNBUFFERED="1")
 # A small fit: 45 of the 4,500 Epoch starts, one short chain; enough to make every stage.
 SMALL = ["--starts", "100", "--no-figures", "--quiet"]

@@ -137,7 +137,7 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     """`--stack FORMS`: the forms fitted, weighted by stacking, the bands of the mixture;
     the ladder's sizes are runs with four budgets each, so the posterior has per-run effects."""
     out = tmp_path / "out"
-    code = fit_cli.main(["--dataset", "ladder", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--reruns", "0", "--warmup", "60",
+    code = fit_cli.main(["--dataset", "ladder-v1", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--reruns", "0", "--warmup", "60",
                          "--draws", "60", "--starts", "20", "--num-targets", "3", "--out", str(out), "--quiet",
                          "--no-figures"])
     assert code == 0

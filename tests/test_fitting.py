@@ -236,7 +236,7 @@ def test_the_first_ladders_chinchilla_fit_ends_at_a_minimum_scipy_cannot_improve
     from experiments.numpy_reference import loss_law_objective_and_grad
     from sdsl_jax.data import load_pretraining
 
-    runs = load_pretraining("fits/ladder/pretraining.csv")
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
     data = tuple(np.log(v) for v in (runs.n_params, runs.n_tokens, runs.loss))
     fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=EPOCH_GRID[::5])
     stalled = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, starts=EPOCH_GRID[::5], linesearch="backtracking")

@@ -76,7 +76,7 @@ def _registered():
 
     root = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
     with open(os.path.join(root, "preregistered", "predictions.json")) as f:
-        return json.load(f), os.path.join(root, "factorial", "acceptance.csv")
+        return json.load(f), os.path.join(root, "acceptance.csv")
 
 
 def test_the_registered_prediction_is_scored_as_it_stands(tmp_path):
@@ -156,7 +156,7 @@ def test_the_elasticity_study_groups_the_shared_budgets_and_finds_each_best_draf
     from experiments.elasticity import measured_best_by_budget, shared_budgets
     from sdsl_jax import load_acceptance, load_pretraining
 
-    root = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder", "factorial")
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "fits", "ladder")
     runs = load_pretraining(os.path.join(root, "pretraining.csv"))
     budgets = shared_budgets(runs.n_tokens)
     # Five budgets, each shared by every size up to one step (2,048 or 4,096 tokens).

@@ -11,7 +11,7 @@ from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.forecast import reliability
 from sdsl_jax.validation.misspecified import TrueProcess, summarize_closures, synthetic_closure_data
 
-LADDER = "fits/ladder/"
+LADDER = "fits/ladder-v1/"
 
 
 def design():
@@ -59,7 +59,7 @@ def test_a_design_without_speculative_runs_is_scored_on_its_own_pairs_at_their_b
     drafts, their truth the tokens per FLOP of the synthetic pair's alpha at its best integer gamma."""
     from sdsl_jax.speculative import throughput
 
-    factorial = "fits/ladder/factorial/"
+    factorial = "fits/ladder/"
     runs, pairs = load_pretraining(factorial + "pretraining.csv"), load_acceptance(factorial + "acceptance.csv")
     data = synthetic_closure_data(process(0.0), runs, pairs, None, seed=0)
     spec = data.speculative

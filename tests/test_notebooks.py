@@ -159,7 +159,7 @@ def test_notebook_runs(path, tmp_path, request):
     script.write_text("import matplotlib\nmatplotlib.use('Agg')\n" + code)
     env = dict(os.environ, SDSL_NOTEBOOK_SMALL="1", TMPDIR=str(tmp_path))
     if "SDSL_LADDER_DATA" in code:
-        # 02_ladder reads the micro ladder's measurements (the committed fits/ladder on full settings).
+        # 02_ladder reads the micro ladder's measurements (the committed fits/ladder-v1 on full settings).
         env["SDSL_LADDER_DATA"] = str(request.getfixturevalue("micro_ladder")[1])
     proc = subprocess.run([sys.executable, str(script)], cwd=path.parents[1], env=env, capture_output=True,
                           text=True, timeout=600)

@@ -7,9 +7,9 @@ from experiments import regenerate
 
 
 def test_the_recorded_command_is_rerun_into_another_folder_without_resuming():
-    command = regenerate.rerun_command("python -m experiments.closure --data fits/ladder --posterior --out "
-                                       "fits/ladder/closure_broken --quiet --resume", "/tmp/x")
-    assert command == [sys.executable, "-m", "experiments.closure", "--data", "fits/ladder", "--posterior",
+    command = regenerate.rerun_command("python -m experiments.closure --data fits/ladder-v1 --posterior --out "
+                                       "fits/ladder-v1/closure_broken --quiet --resume", "/tmp/x")
+    assert command == [sys.executable, "-m", "experiments.closure", "--data", "fits/ladder-v1", "--posterior",
                        "--out", "/tmp/x", "--quiet"]
 
 

@@ -134,7 +134,7 @@ def test_a_sampler_runs_again_on_data_of_another_shape():
 def test_per_model_effects_default_on_only_where_the_design_identifies_them():
     from sdsl_jax.data import load_acceptance
 
-    ladder = load_acceptance(os.path.join(ROOT, "fits", "ladder", "acceptance.csv"))
+    ladder = load_acceptance(os.path.join(ROOT, "fits", "ladder-v1", "acceptance.csv"))
     sides, why = ladder.model_effects_identified()
     # 20 drafts give their effects a scale; six targets leave four contrasts beyond the intercept
     # and the slope, too few: the targets' effects are left out, and the reason says so.

@@ -99,7 +99,7 @@ def test_a_closure_on_acceptance_rates_alone_names_its_measured_side(tmp_path):
 
     from experiments import closure
 
-    assert closure.main(["--data", "fits/ladder/factorial", "--measured", "acceptance", "--starts", "50",
+    assert closure.main(["--data", "fits/ladder", "--measured", "acceptance", "--starts", "50",
                          "--out", str(tmp_path), "--quiet", "--no-figure"]) == 0
     result = json.loads((tmp_path / "closure.json").read_text())
     assert "speculative" not in result["data"] and result["measured"].startswith("no speculative runs")

@@ -165,7 +165,7 @@ def bench_nuts_geometry() -> list[dict]:
 
     at_unit = dataclasses.replace(CHINCHILLA, prior=_prior_at_unit_size)
     datasets = (("Chinchilla reference", "fits/data/chinchilla_fig4.csv", False),
-                ("model ladder, run effects", "fits/ladder/pretraining.csv", True))
+                ("model ladder, run effects", "fits/ladder-v1/pretraining.csv", True))
     rows = []
     for name, path, effects in datasets:
         runs = load_pretraining(path)
@@ -212,7 +212,7 @@ def _bench_effect_coordinates() -> list[dict]:
     from sdsl_jax import infer
     from sdsl_jax.data import load_acceptance
 
-    pairs = load_acceptance("fits/ladder/acceptance.csv")
+    pairs = load_acceptance("fits/ladder-v1/acceptance.csv")
     draft, _, target, _ = pairs.model_index()
     result = {}
     for effects in ("non-centred", "projected"):
@@ -239,7 +239,7 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
     from sdsl_jax import infer
     from sdsl_jax.data import load_acceptance
 
-    pairs = load_acceptance("fits/ladder/acceptance.csv")
+    pairs = load_acceptance("fits/ladder-v1/acceptance.csv")
     smallest = float(np.min(pairs.n_draft))
     data = {"all pairs": pairs,
             "without the smallest size": pairs.select((pairs.n_draft != smallest) & (pairs.n_target != smallest))}
@@ -287,7 +287,7 @@ def bench_break_acceptance(seeds: int = 3) -> list[dict]:
     from sdsl_jax.data import load_pretraining
     from sdsl_jax.loss_laws import BROKEN_POWER_LAW
 
-    runs = load_pretraining("fits/ladder/pretraining.csv")
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
     sizes = np.unique(runs.n_params)
     data = {"all runs": runs, f"without the {sizes[2]:.3g}-parameter size": runs.select(runs.n_params != sizes[2])}
     rows = []

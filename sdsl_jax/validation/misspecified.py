@@ -87,7 +87,7 @@ class SyntheticLadder(NamedTuple):
     truth: dict
 
 
-# Noise at the real ladder's scale: posterior medians of its hierarchical fit (fits/ladder/fit/summary.json,
+# Noise at the real ladder's scale: posterior medians of its hierarchical fit (fits/ladder-v1/fit/summary.json,
 # rounded). Acceptance effects on the logit scale are those on alpha over alpha (1 - alpha) at alpha ~ 0.6.
 _LOSS_NOISE = dict(loss_sigma=0.05, loss_nu=20.0, run_sd=0.017, run_slope_sd=0.047)
 _IDENTITY_EFFECTS = dict(draft_sd=0.033, target_sd=0.005, pair_sigma=0.008)
