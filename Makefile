@@ -16,6 +16,10 @@
 # make ladder-v1: the first ladder (7 sizes, D tied to N; fits/ladder-v1/), measured with speculative runs,
 #               and its closures (about 60 minutes on 2 CPU cores; resumable).
 PYTHON ?= python3
+# The install skips byte-compiling (--no-compile below) and lets Python compile and cache the modules a
+# run imports; where the environment turns that cache off (PYTHONDONTWRITEBYTECODE), every run, every
+# test worker and every subprocess would compile all of them again (about 5 s a process here).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
