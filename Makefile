@@ -18,7 +18,7 @@
 PYTHON ?= python3
 # The install skips byte-compiling (--no-compile below) and lets Python compile and cache the modules a
 # run imports; where the environment turns that cache off (PYTHONDONTWRITEBYTECODE), every run, every
-# test worker and every subprocess would compile all of them again (about 5 s a process here).
+# test worker and every subprocess would compile all of them again.
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python

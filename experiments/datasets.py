@@ -49,6 +49,10 @@ class Dataset:
     one_run_per_row: bool = False
 
 
+# Both ladders are predicted for the same targets, so their answers compare; only their budgets differ.
+_LADDER_SETTINGS = dict(drop_highest_loss=0, m_min=5e4, m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6),
+                       compare_to_paper=False)
+
 DATASETS: dict[str, Dataset] = {
     d.name: d
     for d in (
@@ -65,15 +69,14 @@ DATASETS: dict[str, Dataset] = {
                         "of 180 pairs, no speculative runs; targets 50k-2M, D = D' = 1e7",
             pretraining=os.path.join(REPO, "fits", "ladder", "pretraining.csv"),
             acceptance=os.path.join(REPO, "fits", "ladder", "acceptance.csv"),
-            speculative=None, drop_highest_loss=0, m_min=5e4,
-            m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=1e7, d_target=1e7, compare_to_paper=False),
+            speculative=None, d_draft=1e7, d_target=1e7, **_LADDER_SETTINGS),
         Dataset(
             name="ladder-v1",
             description="the first ladder (fits/ladder-v1/): 7 sizes at 4 budgets tied to N, exact alpha of 84 pairs, "
                         "speculative runs; targets 50k-2M, D = D' = 5e6",
             pretraining=os.path.join(REPO, "fits", "ladder-v1", "pretraining.csv"),
             acceptance=os.path.join(REPO, "fits", "ladder-v1", "acceptance.csv"),
-            speculative=os.path.join(REPO, "fits", "ladder-v1", "speculative.csv"), drop_highest_loss=0, m_min=5e4,
-            m_max=2e6, targets=(1.2e5, 2.6e5, 4.8e5, 1.2e6), d_draft=5e6, d_target=5e6, compare_to_paper=False),
+            speculative=os.path.join(REPO, "fits", "ladder-v1", "speculative.csv"), d_draft=5e6, d_target=5e6,
+            **_LADDER_SETTINGS),
     )
 }

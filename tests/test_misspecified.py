@@ -67,11 +67,10 @@ def test_a_design_without_speculative_runs_is_scored_on_its_own_pairs_at_their_b
     assert len(spec.target) == sum(d == top[n] for n, d in zip(pairs.n_draft, pairs.d_draft))
     alpha = dict(zip(zip(data.pairs.draft, data.pairs.target), data.pairs.alpha))
     np.testing.assert_array_equal(spec.alpha_mle, [alpha[k] for k in zip(spec.draft, spec.target)])
-    for i in range(len(spec.target)):  # brute force over integer lookaheads
-        gammas = np.arange(0.0, 80.0)
-        t = np.asarray(throughput(spec.alpha_mle[i], gammas, spec.n_draft[i], spec.n_target[i]))
-        assert spec.gamma[i] == gammas[np.argmax(t)]
-        assert spec.tokens_per_flop_sdsl[i] == pytest.approx(t.max(), rel=1e-12)
+    gammas = np.arange(0.0, 80.0)  # brute force over integer lookaheads, every pair in one call
+    t = np.asarray(throughput(spec.alpha_mle[:, None], gammas, spec.n_draft[:, None], spec.n_target[:, None]))
+    np.testing.assert_array_equal(spec.gamma, gammas[np.argmax(t, axis=1)])
+    np.testing.assert_allclose(spec.tokens_per_flop_sdsl, t.max(axis=1), rtol=1e-12)
     assert set(data.truth) == set(spec.target)
     for target, truth in data.truth.items():
         assert truth["best"] == int(np.argmax(truth["tokens_per_flop"]))

@@ -183,9 +183,8 @@ def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, se
         pairs, ppl_draft=np.array([ppl[a] for a in pairs.draft]), ppl_target=np.array([ppl[b] for b in pairs.target]),
         alpha=pair_alphas, path=None)
     if speculative is None:
-        speculative = expected_speculative_runs(new_pairs)
+        speculative = new_speculative = expected_speculative_runs(new_pairs)
         spec_t = speculative.tokens_per_flop_sdsl
-        new_speculative = speculative
     else:
         spec_alpha = np.array([alphas[key] for key in zip(speculative.draft, speculative.target)])
         spec_t = np.asarray(throughput_under(SDSL_FLOPS, spec_alpha, speculative.gamma.astype(np.float64),
