@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
                         help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
                              "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
+    parser.add_argument("--reruns", type=int, default=0,
+                        help="misspecified: times a failing posterior of a form that would carry weight is run again, "
+                             "each time with twice the warm-up and draws (0; the shipped closure's --reruns is 2)")
+    parser.add_argument("--rerun-weight", type=float, default=0.01,
+                        help="misspecified, with --reruns: run a failing form again only if it would carry at least "
+                             "this stacking weight were every posterior to pass (0.01)")
     parser.add_argument("--processes", default="broken:plane,kaplan:plane,chinchilla:logit-plane",
                         help="misspecified: the true processes, law:acceptance-model pairs, comma-separated, taken "
                              "in turn (default broken:plane,kaplan:plane,chinchilla:logit-plane)")
@@ -239,6 +245,10 @@ def _misspecified(args, command: str) -> dict | None:
     for flag in ("chains", "warmup", "draws"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.reruns < 0:
+        raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
+    if not 0 <= args.rerun_weight <= 1:
+        raise UsageError(f"--rerun-weight must be in [0, 1], got {args.rerun_weight}")
     shard, shards = 0, 1
     if args.shard:
         try:
@@ -252,7 +262,8 @@ def _misspecified(args, command: str) -> dict | None:
     processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
                                  log=lambda line: print(line, flush=True))
     settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
-                               propagate=args.chains * args.draws)
+                               propagate=args.chains * args.draws, reruns=args.reruns,
+                               rerun_weight=args.rerun_weight if args.reruns else None)
     # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
     # each family's target acceptance) belong to the study too: a closure fitted under other choices
     # is another study's, never resumed into this one.
@@ -260,7 +271,8 @@ def _misspecified(args, command: str) -> dict | None:
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),
-                 target_accept={name: FAMILIES[name].target_accept for name in stack[0]})
+                 target_accept={name: FAMILIES[name].target_accept for name in stack[0]},
+                 **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)
     stage_path = os.path.join(stages, "misspecified.jsonl" if shards == 1 else f"misspecified-{shard}of{shards}.jsonl")

@@ -51,6 +51,9 @@ class FormWeights(NamedTuple):
       failed: forms whose posterior failed its checks (after the sampler's reruns): they get
         weight 0 and the others are stacked, unless every form failed (then all are stacked, and
         the method says so).
+      unchecked_weights: the stacking weights over every form, as if every posterior had passed
+        its checks: which failed forms would carry weight, and so are worth running again
+        (:func:`sdsl_jax.validation.forms.fit_forms` with ``rerun_weight``).
     """
 
     names: tuple[str, ...]
@@ -60,6 +63,7 @@ class FormWeights(NamedTuple):
     pareto_k_max: np.ndarray
     method: str
     failed: tuple[str, ...] = ()
+    unchecked_weights: np.ndarray | None = None
 
 
 def stacking_weights(runs: PretrainingRuns, posteriors: dict[str, Posterior], *,
@@ -162,18 +166,29 @@ def _failed(runs: Iterable[PosteriorRun]) -> tuple[bool, ...]:
     return tuple(run.diagnostics is not None and not run.diagnostics.ok for run in runs)
 
 
-def _stack_passing(log_density: np.ndarray, failed: Sequence[bool]) -> tuple[np.ndarray, str]:
+def _stack_passing(log_density: np.ndarray, failed: Sequence[bool]) -> tuple[np.ndarray, str, np.ndarray]:
     """:func:`stack` over the forms that passed their checks (weight 0 for the others), and a
-    note for the method; all forms when every one failed."""
+    note for the method; all forms when every one failed. Also the weights over every form, as
+    if all had passed (``FormWeights.unchecked_weights``)."""
     failed = np.asarray(failed, bool) if len(failed) else np.zeros(log_density.shape[0], bool)
     if log_density.shape[0] == 1:
-        return np.ones(1), ""
+        return np.ones(1), "", np.ones(1)
+    unchecked = stack(log_density)
     if failed.all() or not failed.any():
         note = "; every form failed its posterior checks, all stacked" if failed.all() else ""
-        return stack(log_density), note
+        return unchecked, note, unchecked
     weights = np.zeros(log_density.shape[0])
     weights[~failed] = stack(log_density[~failed]) if (~failed).sum() > 1 else 1.0
-    return weights, "; forms whose posterior failed its checks get weight 0"
+    return weights, "; forms whose posterior failed its checks get weight 0", unchecked
+
+
+def failed_forms_worth_rerunning(weights: FormWeights, *, min_weight: float) -> tuple[str, ...]:
+    """The forms whose posterior failed its checks but that would carry at least ``min_weight`` of
+    the stacking weight were every posterior to pass (``weights.unchecked_weights``): the ones a
+    longer run could bring back into the decision. A failed form the data give no weight is not
+    worth the time; one they favour should not be dropped on one short run's diagnostics."""
+    unchecked = weights.weights if weights.unchecked_weights is None else weights.unchecked_weights
+    return tuple(name for name, w in zip(weights.names, unchecked) if name in weights.failed and w >= min_weight)
 
 
 def failed_form_note(name: str, names: Sequence[str], failed: Sequence[str]) -> str:
@@ -193,14 +208,14 @@ def _stacked(pointwise: dict[str, tuple[np.ndarray, np.ndarray]], rows: str, *,
     names = tuple(pointwise)
     loo = [loo_log_densities(*pointwise[n]) for n in names]
     elpd_i = np.stack([v for v, _ in loo])
-    weights, note = _stack_passing(elpd_i, failed)
+    weights, note, unchecked = _stack_passing(elpd_i, failed)
     rows_count = elpd_i.shape[1]
     method = ("a single form (weight 1)" if len(names) == 1 else
               f"Bayesian stacking of PSIS-LOO predictive densities (compare.stack); {rows} left out one at a time"
               + note)
     return FormWeights(names, weights, elpd_i.sum(axis=1), np.sqrt(rows_count * elpd_i.var(axis=1)),
                        np.array([float(np.max(k)) for _, k in loo]), method,
-                       tuple(n for n, f in zip(names, failed) if f))
+                       tuple(n for n, f in zip(names, failed) if f), unchecked)
 
 
 def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
@@ -211,11 +226,11 @@ def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
     in ``failed`` (a posterior of theirs failed its checks) get weight 0 (:func:`_stack_passing`)."""
     names = tuple(log_density)
     stacked = np.stack([np.asarray(log_density[n], np.float64) for n in names])
-    weights, note = _stack_passing(stacked, [n in failed for n in names])
+    weights, note, unchecked = _stack_passing(stacked, [n in failed for n in names])
     return FormWeights(names, weights, stacked.sum(axis=1), np.sqrt(stacked.shape[1] * stacked.var(axis=1)),
                        np.full(len(names), np.nan),
                        f"Bayesian stacking of held-out predictive densities (compare.stack); {groups} left out one "
-                       "at a time" + note, tuple(n for n in names if n in failed))
+                       "at a time" + note, tuple(n for n in names if n in failed), unchecked)
 
 
 def mixture_draw_indices(names: Sequence[str], weights: np.ndarray, total: int, *,

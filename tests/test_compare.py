@@ -5,8 +5,8 @@ import warnings
 import numpy as np
 import pytest
 
-from sdsl_jax.compare import (_stack_passing, failed_form_note, grouped_stacking_weights, mixture_draw_indices,
-                               mixture_log_density, stack)
+from sdsl_jax.compare import (_stack_passing, failed_form_note, failed_forms_worth_rerunning, grouped_stacking_weights,
+                               mixture_draw_indices, mixture_log_density, stack)
 
 
 def _score(w, log_density):
@@ -73,6 +73,20 @@ def test_a_form_whose_posterior_failed_its_checks_gets_no_weight():
     assert "every form failed" in failed_all.method
 
 
+def test_a_failed_form_is_worth_rerunning_only_where_it_would_carry_weight():
+    rng = np.random.default_rng(4)
+    # "a" fits every point best, "c" worst: unchecked, "a" leads and "c" gets (almost) nothing.
+    base = np.log(rng.uniform(0.05, 1.0, 40))
+    log_density = {"a": base + 1.0, "b": base + 0.2 * rng.normal(size=40), "c": base - 3.0}
+    w = grouped_stacking_weights(log_density, groups="sizes", failed=("a", "c"))
+    assert w.weights[0] == 0.0 and w.weights[1] == 1.0  # gated: only "b" passed
+    np.testing.assert_allclose(w.unchecked_weights, stack(np.stack(list(log_density.values()))))
+    assert w.unchecked_weights[0] > 0.5 and w.unchecked_weights[2] < 0.01
+    assert failed_forms_worth_rerunning(w, min_weight=0.01) == ("a",)  # "c" failed too, but carries nothing
+    assert failed_forms_worth_rerunning(w, min_weight=0.0) == ("a", "c")
+    assert failed_forms_worth_rerunning(grouped_stacking_weights(log_density, groups="sizes"), min_weight=0.0) == ()
+
+
 def test_mixture_takes_each_forms_share_of_distinct_draws():
     shares = mixture_draw_indices(["a", "b", "c"], np.array([0.7, 0.3, 0.0004]), 1000, seed=3)
     assert [name for name, _ in shares] == ["a", "b"]  # a share that rounds to no draw is left out
@@ -84,9 +98,10 @@ def test_mixture_takes_each_forms_share_of_distinct_draws():
 def test_failed_forms_get_no_weight_unless_every_form_failed_and_the_line_says_which():
     rng = np.random.default_rng(0)
     log_density = rng.normal(-1.0, 0.3, (3, 40))
-    weights, note = _stack_passing(log_density, [True, False, False])
+    weights, note, unchecked = _stack_passing(log_density, [True, False, False])
     assert weights[0] == 0 and np.isclose(weights.sum(), 1) and "get weight 0" in note
-    weights, note = _stack_passing(log_density, [True, True, True])
+    np.testing.assert_allclose(unchecked, stack(log_density))
+    weights, note, _ = _stack_passing(log_density, [True, True, True])
     np.testing.assert_allclose(weights, stack(log_density))
     assert "every form failed" in note
     assert failed_form_note("a", ["a", "b"], ["a"]) == " (its posterior failed its checks: no weight)"

@@ -193,3 +193,22 @@ def test_band_figure_draws_every_process_and_skips_undefined_bands(tmp_path):
                 dict(process="y", targets=[target(None, 1e3), target([1e2, float("nan"), 1e4], 1e3)])]
     path = n_star_band_figure(str(tmp_path / "bands.png"), closures, caption="test")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failed_form_that_would_carry_weight_is_run_again_longer():
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.loss_laws import FAMILIES
+    from sdsl_jax.validation.forms import fit_forms
+
+    runs, pairs, spec = design()
+    data = synthetic_closure_data(process(1.0), runs, pairs, spec, seed=3)
+    kw = dict(families=[FAMILIES["chinchilla"]], models=[ACCEPTANCE_MODELS["plane"], ACCEPTANCE_MODELS["log-plane"]],
+              starts_every=50, chains=1, warmup=20, draws=20, propagate=20, seed=0, mean_only=True)
+    # One chain has no R-hat, so every posterior fails; each form carries some weight, so each is
+    # run again once, from new starts with twice the warm-up and the draws. (Which failed forms
+    # carry enough weight: tests/test_compare.py.)
+    lines = []
+    _, summary = fit_forms(data.runs, data.pairs, reruns=1, rerun_weight=0.0, log=lines.append, **kw)
+    assert {name: d["attempts"] for name, d in summary["diagnostics"].items()} == \
+        {"chinchilla": 2, "plane": 2, "log-plane": 2}
+    assert sum("40 warm-up + 40 draws" in line for line in lines) == 3

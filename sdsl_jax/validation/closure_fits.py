@@ -223,8 +223,9 @@ class ClosureSettings(NamedTuple):
     multi-start point, NUTS chains x (warmup + draws), draws propagated per form, the seed, bands of
     the law's mean only (``mean_only``), whether to sample posteriors at all, how many times a
     posterior that fails its checks is run again (``reruns``, :func:`sdsl_jax.pipeline.sample_posterior`),
-    and how many times as wide as stated every prior is (``prior_width``,
-    :func:`sdsl_jax.infer.models.widened_priors`)."""
+    how many times as wide as stated every prior is (``prior_width``,
+    :func:`sdsl_jax.infer.models.widened_priors`), and with stacked forms, the weight a failing form
+    must stand to carry to be run again (``rerun_weight``, :func:`fit_forms`; None: every one)."""
 
     law: str = "chinchilla"
     acceptance_model: str = "plane"
@@ -238,6 +239,7 @@ class ClosureSettings(NamedTuple):
     posterior: bool = True
     reruns: int = 0
     prior_width: float = 1.0
+    rerun_weight: float | None = None
 
 
 def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages: Stages | None = None,
@@ -253,8 +255,8 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
         forms, stacking = fit_forms(runs, pairs, families=stack[0], models=stack[1], starts_every=settings.starts_every,
                                     chains=settings.chains, warmup=settings.warmup, draws=settings.draws,
                                     propagate=settings.propagate, seed=settings.seed, mean_only=settings.mean_only,
-                                    reruns=settings.reruns, prior_width=settings.prior_width, stages=stages,
-                                    log=log)
+                                    reruns=settings.reruns, rerun_weight=settings.rerun_weight,
+                                    prior_width=settings.prior_width, stages=stages, log=log)
         log("stacking: weights " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items()))
         log_point(forms[0].point, len(pairs), log)
         return InSampleFit(forms[0].point, forms, stacking, forms[0].draws, forms[0].scales, stacking["diagnostics"],

@@ -70,7 +70,8 @@ class FormFit(NamedTuple):
 
 
 def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, warmup: int, draws: int,
-              propagate: int, seed: int, mean_only: bool = False, reruns: int = 0, prior_width: float = 1.0,
+              propagate: int, seed: int, mean_only: bool = False, reruns: int = 0,
+              rerun_weight: float | None = None, prior_width: float = 1.0,
               stages: Stages | None = None, log=print) -> tuple[list[FormFit], dict]:
     """Every (loss law, acceptance model) form fitted to ``runs``/``pairs`` and weighted by stacking.
 
@@ -84,7 +85,15 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     weight first, and a summary (weights and PSIS-LOO per law and per acceptance model, the forms'
     weights, laws skipped, the forms given no weight because their posterior failed its checks,
     the coefficients of each law whose point fit sits at a bound (its law is then the posterior's
-    median, :func:`sdsl_jax.predict.point_for_decisions`), each posterior's diagnostics). ``prior_width``: every prior that many times as wide
+    median, :func:`sdsl_jax.predict.point_for_decisions`), each posterior's diagnostics).
+
+    ``reruns``: times a posterior that fails its checks is run again, longer. With ``rerun_weight``
+    None every failing posterior is (:func:`sdsl_jax.infer.posterior.rerun_until_checked`); with a
+    number, only those of forms that would carry at least that stacking weight were every
+    posterior to pass (``FormWeights.unchecked_weights``), each rerun from new starts with twice
+    the warm-up and the draws of the last: a form the data give no weight is not worth the time,
+    and a form they favour is not dropped on one short run's R-hat. Reruns are not kept in
+    ``stages``. ``prior_width``: every prior that many times as wide
     (:func:`sdsl_jax.infer.models.widened_priors`). ``pairs`` None: the paper's plane, held fixed
     (``models`` then holds it alone).
     """
@@ -110,7 +119,8 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                            weights=pairs.regression_weights(), model=model)
                 point = base._replace(plane=type(fit.plane)(*(float(v) for v in fit.plane)), acceptance_model=model,
                                       plane_r_squared=float(fit.r_squared))
-            post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup, retries=reruns,
+            post = pipeline.sample_posterior(runs, pairs, point, num_chains=chains, num_warmup=warmup,
+                                             retries=reruns if rerun_weight is None else 0,
                                              num_samples=draws, seed=seed, plane_seed=seed, prior_width=prior_width,
                                              law_run=law_runs.get(family.name), plane_run=plane_runs.get(model.name),
                                              stages=stores[model.name])
@@ -122,11 +132,42 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
         raise IdentifiabilityError(None, "no loss-law form is identified by these data (" + "; ".join(
             f"{k}: {v}" for k, v in skipped.items()) + ")")
     first_model = models[0].name
-    law_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
-                                      families={f: points[f, first_model].family for f in law_runs})
+
+    def form_weights():
+        law_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
+                                         families={f: points[f, first_model].family for f in law_runs})
+        return law_w, _acceptance_weights(pairs, plane_runs if pairs is not None else {}, models)
+
+    law_w, acc_w = form_weights()
+    for k in range(1, reruns + 1 if rerun_weight is not None else 1):
+        again = [(kind, name) for kind, w in (("law", law_w), ("acceptance", acc_w))
+                 for name in compare.failed_forms_worth_rerunning(w, min_weight=rerun_weight)]
+        if not again:
+            break
+        for kind, name in again:
+            log(f"  forms: {name}'s posterior failed its checks and would carry weight: run again from new "
+                f"starts, {warmup * 2 ** k} warm-up + {draws * 2 ** k} draws per chain")
+            keep = dict(law_run=None, plane_run=plane_runs[first_model]) if kind == "law" else \
+                dict(law_run=law_runs[next(iter(law_runs))], plane_run=None)
+            f, m = (name, first_model) if kind == "law" else (next(iter(law_runs)), name)
+            post = pipeline.sample_posterior(runs, pairs, points[f, m], num_chains=chains, num_warmup=warmup * 2 ** k,
+                                             num_samples=draws * 2 ** k, seed=seed + 1000 * k,
+                                             plane_seed=seed + 1000 * k, prior_width=prior_width, **keep)
+            rerun = post.law_run if kind == "law" else post.plane_run
+            if rerun.diagnostics is not None:
+                rerun = rerun._replace(diagnostics=rerun.diagnostics._replace(attempts=k + 1))
+            if kind == "law":
+                law_runs[name] = rerun
+            else:
+                plane_runs[name] = rerun
+        changed = {name for _, name in again}
+        for f, m in [form for form in posts if changed & set(form)]:  # the forms sharing a rerun posterior
+            posts[f, m] = pipeline.sample_posterior(runs, pairs, points[f, m], law_run=law_runs[f],
+                                                    plane_run=plane_runs.get(m), seed=seed, plane_seed=seed,
+                                                    prior_width=prior_width)
+        law_w, acc_w = form_weights()
     if pairs is None:
         plane_runs = {}
-    acc_w = _acceptance_weights(pairs, plane_runs, models)
     weights = {(f, m): float(w_law * w_acc) for f, w_law in zip(law_w.names, law_w.weights)
                for m, w_acc in zip(acc_w.names, acc_w.weights)}
     forms, at_bound = _weighted_forms(posts, points, weights, runs, pairs, propagate=propagate, seed=seed,
@@ -171,7 +212,8 @@ def _acceptance_weights(pairs, plane_runs: dict, models):
 
     if pairs is None:  # nothing sampled or weighed on the acceptance side
         nan = np.full(1, np.nan)
-        return compare.FormWeights((models[0].name,), np.ones(1), nan, nan, nan, "the paper's plane, held fixed")
+        return compare.FormWeights((models[0].name,), np.ones(1), nan, nan, nan, "the paper's plane, held fixed",
+                                   unchecked_weights=np.ones(1))
     return compare.acceptance_stacking_weights(pairs, plane_runs, models={m.name: m for m in models})
 
 
