@@ -31,6 +31,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 
 import jax
 import numpy as np
@@ -283,7 +284,7 @@ def _misspecified(args, command: str) -> dict | None:
                 if name.startswith("misspecified") and name.endswith(".jsonl")
                 for unit in read_stage_lines(os.path.join(stages, name), warn=print) if unit.get("study") == study}
 
-    done = finished()
+    done, failed = finished(), []
     for i in range(args.datasets):
         if i in done or i % shards != shard:
             continue
@@ -293,12 +294,21 @@ def _misspecified(args, command: str) -> dict | None:
         # processes that went on from one closure's reruns (longer runs of the same models) to the
         # next closure's first runs failed inside NumPyro's sampler (a vmap over a rank-0 argument).
         clear_sampler_caches()
-        done[i] = synthetic_closure(process, runs, pairs, speculative, settings, stack=stack, seed=args.seed + i,
-                                    log=lambda line: None)
+        try:
+            done[i] = synthetic_closure(process, runs, pairs, speculative, settings, stack=stack,
+                                        seed=args.seed + i, log=lambda line: None)
+        except Exception:  # one failed closure must not end a study of hours: it is left for a rerun
+            failed.append(i)
+            print(f"  closure {i + 1}/{args.datasets} ({process.name}) failed; left for a rerun of the same "
+                  f"command:\n{traceback.format_exc()}", flush=True)
+            continue
         append_stage_line(stage_path, dict(study=study, index=i, closure=done[i]))
         print(f"  closure {i + 1}/{args.datasets} ({process.name}) [{time.perf_counter() - start:.0f} s]", flush=True)
     done = finished()
     missing = [i for i in range(args.datasets) if i not in done]
+    if failed:
+        print(f"{len(failed)} closure(s) of this run failed ({', '.join(str(i + 1) for i in failed)}): rerun the same "
+              "command to fit them again", flush=True)
     if missing:
         print(f"shard {shard}/{shards} finished; {len(missing)} of {args.datasets} closures are still with the other "
               "shards: the last shard to finish (or a rerun without --shard) writes the summary", flush=True)

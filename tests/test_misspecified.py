@@ -212,3 +212,21 @@ def test_a_failed_form_that_would_carry_weight_is_run_again_longer():
     assert {name: d["attempts"] for name, d in summary["diagnostics"].items()} == \
         {"chinchilla": 2, "plane": 2, "log-plane": 2}
     assert sum("40 warm-up + 40 draws" in line for line in lines) == 3
+
+
+def test_a_closure_that_fails_is_reported_and_the_study_goes_on(tmp_path, capsys, monkeypatch):
+    from experiments import calibration
+    from sdsl_jax.validation import misspecified
+
+    def fail(*args, seed, **kwargs):
+        raise RuntimeError(f"synthetic failure {seed}")
+
+    monkeypatch.setattr(misspecified, "synthetic_closure", fail)
+    args = ["--only", "misspecified", "--datasets", "2", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
+            "--chains", "1", "--warmup", "30", "--draws", "30", "--out", str(tmp_path)]
+    calibration.main(args)
+    out = capsys.readouterr().out
+    # Both closures were tried (the first failure did not end the run), each with its traceback.
+    assert "synthetic failure 0" in out and "synthetic failure 1" in out
+    assert "2 closure(s) of this run failed (1, 2): rerun the same command" in out
+    assert not (tmp_path / "stages" / "misspecified.jsonl").exists()
