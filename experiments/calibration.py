@@ -222,7 +222,6 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
     from sdsl_jax.figures import n_star_band_figure, reliability_figure
-    from sdsl_jax.infer.sampler import clear_sampler_caches
     from sdsl_jax.loss_laws import FAMILIES
     from sdsl_jax.store import append_stage_line, read_stage_lines
     from sdsl_jax.validation.closure_fits import ClosureSettings
@@ -290,10 +289,6 @@ def _misspecified(args, command: str) -> dict | None:
             continue
         start = time.perf_counter()
         process = processes[i % len(processes)]
-        # Each closure starts from no compiled sampler, so that no compiled state crosses closures:
-        # processes that went on from one closure's reruns (longer runs of the same models) to the
-        # next closure's first runs failed inside NumPyro's sampler (a vmap over a rank-0 argument).
-        clear_sampler_caches()
         try:
             done[i] = synthetic_closure(process, runs, pairs, speculative, settings, stack=stack,
                                         seed=args.seed + i, log=lambda line: None)

@@ -246,6 +246,27 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
         np.testing.assert_array_equal(reused.samples[site], plain.samples[site])
 
 
+def test_a_cached_sampler_with_vectorised_chains_runs_again_after_its_program_left_the_caches():
+    """NumPyro's HMC maps its sampling function once more each time vectorised chains start; the
+    cached sampler starts each run from the unmapped function, so a run traced again (its program
+    evicted, or JAX's caches cleared) does not fail on a twice-mapped function."""
+    import jax
+
+    from sdsl_jax import infer
+    from sdsl_jax.infer import sampler
+
+    chains = jax.local_device_count() + 1  # more chains than devices: vectorised
+    assert sampler._chain_method(chains) == "vectorized"
+    rng = np.random.default_rng(5)
+    x, y = rng.uniform(5, 60, 30), rng.uniform(3, 20, 30)
+    alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.03, 30)
+    kw = dict(num_chains=chains, num_warmup=30, num_samples=30, progress_bar=False, summarize=False)
+    for seed in range(2):
+        run = infer.sample_plane(x, y, alpha, seed=seed, **kw)
+        assert run.samples["A"].shape == (chains * 30,) and np.isfinite(run.samples["A"]).all()
+        jax.clear_caches()
+
+
 def test_a_cached_sampler_is_keyed_on_the_data_shapes():
     """An MCMC object holds state traced for one set of shapes (vectorised chains fail on another),
     so the sampler cache gives each model and shapes its own. The end-to-end run on two shapes with

@@ -115,6 +115,27 @@ MAX_TREE_DEPTH = 10
 """NUTS's maximum tree depth (NumPyro's default): at most 2^10 - 1 leapfrog steps per draw."""
 
 
+class _ReinitialisableNUTS(NUTS):
+    """NUTS whose initialisation for vectorised chains can be repeated.
+
+    NumPyro's HMC ``init`` wraps the kernel's sampling function in ``vmap`` every time it starts
+    vectorised chains. A cached MCMC (:func:`_mcmc`) is initialised again on every run; its
+    compiled sampling loop, traced on the first run, hides the extra wrappers until JAX traces it
+    again (its program evicted or its caches cleared), when the twice-mapped function fails on the
+    chains' states. Each initialisation here starts from the unmapped function.
+    """
+
+    _unmapped_sample_fn = None
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs={}):
+        if self._unmapped_sample_fn is not None:
+            self._sample_fn = self._unmapped_sample_fn
+        state = super().init(rng_key, num_warmup, init_params, model_args=model_args, model_kwargs=model_kwargs)
+        if not numpyro.util.is_prng_key(rng_key):  # vectorised chains: init mapped the function
+            self._unmapped_sample_fn = self._sample_fn.__wrapped__
+        return state
+
+
 @functools.lru_cache(maxsize=16)
 def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accept, dense_mass=False,
           shapes=()) -> MCMC:
@@ -123,7 +144,8 @@ def _mcmc(model, num_chains, num_warmup, num_samples, progress_bar, target_accep
     # starting points) is only part of the key: an MCMC object holds state traced for one set of
     # shapes (its vectorised chains fail on another), so other shapes get their own.
     return MCMC(
-        NUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass, max_tree_depth=MAX_TREE_DEPTH),
+        _ReinitialisableNUTS(model, target_accept_prob=target_accept, dense_mass=dense_mass,
+                             max_tree_depth=MAX_TREE_DEPTH),
         num_warmup=num_warmup,
         num_samples=num_samples,
         num_chains=num_chains, chain_method=_chain_method(num_chains), progress_bar=progress_bar,
@@ -155,9 +177,8 @@ def _sampling_loop_compiled_once():
     compiled again on every run (most of a small posterior's time; ``make bench``'s ``nuts``
     section measures it). Returning the same jit wrapper for the same function and options makes
     the second run of one model on same-shaped data compile nothing; the computation, and so
-    every draw, is unchanged. Single-chain and sequential runs profit (calibration over many
-    synthetic datasets, repeated fits); runs vectorised or mapped over chains are traced anew
-    by NumPyro anyway. Without ``numpyro.util.maybe_jit`` (another NumPyro) this does nothing.
+    every draw, is unchanged. Calibration over many synthetic datasets and repeated fits profit;
+    chains mapped over devices are traced anew by NumPyro anyway. Without ``numpyro.util.maybe_jit`` (another NumPyro) this does nothing.
     """
     if _NUMPYRO_MAYBE_JIT is None:
         yield
