@@ -147,14 +147,22 @@ def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun],
     for k in range(1, retries + 1):
         if out.diagnostics is None or out.diagnostics.ok:
             break
-        num_warmup, num_samples = 2 * num_warmup, 2 * num_samples
-        target_accept = 1.0 - (1.0 - target_accept) / 2
+        warmup_k, samples_k, accept_k, seed_k = rerun_settings(k, num_warmup=num_warmup, num_samples=num_samples,
+                                                               target_accept=target_accept, seed=seed)
         if progress is not None:
             progress(f"failed its checks ({'; '.join(out.diagnostics.problems)}): run again from new starts, "
-                     f"{num_warmup} warm-up + {num_samples} draws per chain, target acceptance {target_accept:.3f}")
-        out = attempt(num_warmup, num_samples, target_accept, seed + 1000 * k)
+                     f"{warmup_k} warm-up + {samples_k} draws per chain, target acceptance {accept_k:.3f}")
+        out = attempt(warmup_k, samples_k, accept_k, seed_k)
         out = out._replace(diagnostics=out.diagnostics._replace(attempts=k + 1))
     return out
+
+
+def rerun_settings(k: int, *, num_warmup: int, num_samples: int, target_accept: float,
+                   seed: int) -> tuple[int, int, float, int]:
+    """The ``k``-th rerun's warm-up, draws, target acceptance and seed (:func:`rerun_until_checked`):
+    2^k times the warm-up and draws, the distance of the target acceptance from 1 halved k times,
+    new starts from ``seed + 1000 k``."""
+    return num_warmup * 2 ** k, num_samples * 2 ** k, 1.0 - (1.0 - target_accept) / 2 ** k, seed + 1000 * k
 
 
 def loss_law_numpyro_model(family: LossLawFamily, n_params: ArrayLike, n_tokens: ArrayLike, *,

@@ -178,7 +178,8 @@ def _sampling_loop_compiled_once():
     section measures it). Returning the same jit wrapper for the same function and options makes
     the second run of one model on same-shaped data compile nothing; the computation, and so
     every draw, is unchanged. Calibration over many synthetic datasets and repeated fits profit;
-    chains mapped over devices are traced anew by NumPyro anyway. Without ``numpyro.util.maybe_jit`` (another NumPyro) this does nothing.
+    chains mapped over devices are traced anew by NumPyro anyway. Without
+    ``numpyro.util.maybe_jit`` (another NumPyro) this does nothing.
     """
     if _NUMPYRO_MAYBE_JIT is None:
         yield

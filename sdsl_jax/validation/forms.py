@@ -99,6 +99,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     """
     from sdsl_jax import compare, pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
+    from sdsl_jax.infer.posterior import rerun_settings
 
     skipped, points, law_runs, plane_runs, posts = {}, {}, {}, {}, {}
     for family in families:
@@ -136,7 +137,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     def form_weights():
         law_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
                                          families={f: points[f, first_model].family for f in law_runs})
-        return law_w, _acceptance_weights(pairs, plane_runs if pairs is not None else {}, models)
+        return law_w, _acceptance_weights(pairs, plane_runs, models)
 
     law_w, acc_w = form_weights()
     for k in range(1, reruns + 1 if rerun_weight is not None else 1):
@@ -144,22 +145,24 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                  for name in compare.failed_forms_worth_rerunning(w, min_weight=rerun_weight)]
         if not again:
             break
+        # The target acceptance is each posterior's own; the rest follows the sampler's reruns.
+        warmup_k, draws_k, _, seed_k = rerun_settings(k, num_warmup=warmup, num_samples=draws, target_accept=0.0,
+                                                      seed=seed)
         for kind, name in again:
             log(f"  forms: {name}'s posterior failed its checks and would carry weight: run again from new "
-                f"starts, {warmup * 2 ** k} warm-up + {draws * 2 ** k} draws per chain")
-            keep = dict(law_run=None, plane_run=plane_runs[first_model]) if kind == "law" else \
-                dict(law_run=law_runs[next(iter(law_runs))], plane_run=None)
-            f, m = (name, first_model) if kind == "law" else (next(iter(law_runs)), name)
-            post = pipeline.sample_posterior(runs, pairs, points[f, m], num_chains=chains, num_warmup=warmup * 2 ** k,
-                                             num_samples=draws * 2 ** k, seed=seed + 1000 * k,
-                                             plane_seed=seed + 1000 * k, prior_width=prior_width, **keep)
+                f"starts, {warmup_k} warm-up + {draws_k} draws per chain")
+            if kind == "law":  # sample this law alone, beside any acceptance posterior
+                form, keep = (name, first_model), dict(law_run=None, plane_run=plane_runs[first_model])
+            else:  # this acceptance model alone, beside any law's posterior
+                law = next(iter(law_runs))
+                form, keep = (law, name), dict(law_run=law_runs[law], plane_run=None)
+            post = pipeline.sample_posterior(runs, pairs, points[form], num_chains=chains, num_warmup=warmup_k,
+                                             num_samples=draws_k, seed=seed_k, plane_seed=seed_k,
+                                             prior_width=prior_width, **keep)
             rerun = post.law_run if kind == "law" else post.plane_run
             if rerun.diagnostics is not None:
                 rerun = rerun._replace(diagnostics=rerun.diagnostics._replace(attempts=k + 1))
-            if kind == "law":
-                law_runs[name] = rerun
-            else:
-                plane_runs[name] = rerun
+            (law_runs if kind == "law" else plane_runs)[name] = rerun
         changed = {name for _, name in again}
         for f, m in [form for form in posts if changed & set(form)]:  # the forms sharing a rerun posterior
             posts[f, m] = pipeline.sample_posterior(runs, pairs, points[f, m], law_run=law_runs[f],
