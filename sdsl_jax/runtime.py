@@ -54,7 +54,7 @@ def configure_jax(*, devices: int = 4, compile_cache=_DEFAULT) -> None:
                   f"(set {COMPILE_CACHE_ENV}=off to silence this)", file=sys.stderr)
             return
         jax.config.update("jax_compilation_cache_dir", folder)
-        # Every program: a run of the commands compiles a few hundred small ones (about 50 ms each
-        # on a 2-core CPU), and loading them costs less than compiling them (docs/benchmarks.md).
+        # Every program: a run of the commands compiles a few hundred small ones, and loading them
+        # costs less than compiling them (measured in docs/benchmarks.md).
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
