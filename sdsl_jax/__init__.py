@@ -83,10 +83,12 @@ from sdsl_jax.loss_laws import (
 )
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import (
+    DraftSizeGradient,
     DraftSizeSolution,
     SDSL2026_LINEAR_LAW,
     LinearLaw,
     SolveStatus,
+    draft_size_gradient,
     fit_linear_law,
     optimal_draft_size,
     solve_draft_size,
@@ -134,6 +136,7 @@ __all__ = [
     "DATA_ONLY",
     "DataError",
     "DataLaw",
+    "DraftSizeGradient",
     "DraftSizeSolution",
     "EPOCH_GRID",
     "FAMILIES",
@@ -173,6 +176,7 @@ __all__ = [
     "check_acceptance_data",
     "check_loss_law_data",
     "draft_acceptance",
+    "draft_size_gradient",
     "draft_throughput",
     "expected_tokens",
     "family_of",

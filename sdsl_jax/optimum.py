@@ -46,9 +46,11 @@ __all__ = [
     "SolveStatus",
     "status_message",
     "DraftSizeSolution",
+    "DraftSizeGradient",
     "LinearLaw",
     "SDSL2026_LINEAR_LAW",
     "solve_draft_size",
+    "draft_size_gradient",
     "optimal_draft_size",
     "fit_linear_law",
 ]
@@ -234,14 +236,26 @@ def _located_optimum_jvp(num_grid, max_steps, tol, primals, tangents):
     p, log_n_min = primals
     dp, _ = tangents  # N* does not move with n_min where it is an interior maximum
     u, status, steps = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
-
-    def stationarity(v, q):
-        return jax.grad(_log_throughput)(v, q)
-
-    g_u = jax.jvp(lambda v: stationarity(v, p), (u,), (jnp.ones_like(u),))[1]
-    g_p_dp = jax.jvp(lambda q: stationarity(u, q), (p,), (dp,))[1]
+    g_p_dp = jax.jvp(lambda q: _stationarity(u, q), (p,), (dp,))[1]
     zeros = [np.zeros(np.shape(x), jax.dtypes.float0) for x in (status, steps)]
-    return (u, status, steps), (-g_p_dp / g_u, *zeros)
+    return (u, status, steps), (-g_p_dp / _stationarity_slope(u, p), *zeros)
+
+
+def _stationarity(u: jax.Array, p: _Problem) -> jax.Array:
+    """``g(u, p) = d log T / du``, zero at N* = exp(u)."""
+    return jax.grad(_log_throughput)(u, p)
+
+
+def _stationarity_slope(u: jax.Array, p: _Problem) -> jax.Array:
+    """``dg/du``, negative at a maximum."""
+    return jax.jvp(lambda v: _stationarity(v, p), (u,), (jnp.ones_like(u),))[1]
+
+
+def _implicit_gradient(u: jax.Array, p: _Problem) -> _Problem:
+    """``du*/dp = -(dg/dp) / (dg/du)`` at a root u* of g, one scalar problem."""
+    g_p = jax.grad(_stationarity, argnums=1)(u, p)
+    slope = _stationarity_slope(u, p)
+    return jax.tree.map(lambda x: -x / slope, g_p)
 
 
 def solve_draft_size(
@@ -364,6 +378,77 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
         status=status,
         num_steps=steps,
     )
+
+
+class DraftSizeGradient(NamedTuple):
+    """``d log N* / d theta`` for every float input theta, each with the broadcast shape of the inputs.
+
+    Attributes:
+      m_target, d_target: with respect to M and D'.
+      loss, plane, cost, recipe: pytrees of the same types as the inputs, holding the derivative
+        with respect to each field (``plane.A`` is ``d log N* / dA``).
+    """
+
+    m_target: jax.Array
+    d_target: jax.Array
+    loss: LossLawModel
+    plane: AcceptanceRateModel
+    cost: IterationCostModel
+    recipe: DraftRecipe
+
+
+def draft_size_gradient(
+    n_star: ArrayLike,
+    m_target: ArrayLike,
+    *,
+    d_target: ArrayLike,
+    d_draft: ArrayLike | None = None,
+    recipe: DraftRecipe | None = None,
+    loss: LossLawModel = HOFFMANN2022,
+    plane: AcceptanceRateModel = SDSL2026,
+    cost: IterationCostModel = SDSL_FLOPS,
+) -> DraftSizeGradient:
+    """Gradient of ``log N*`` with respect to every input at a solved ``N*``, without solving again.
+
+    At N* the stationarity condition ``g(u, theta) = d log T / du = 0`` holds (``u = log N*``), so by
+    the implicit function theorem ``du*/dtheta = -(dg/dtheta) / (dg/du)`` [docs/theory.md, section 4]:
+    the same derivative ``jax.grad`` of :func:`solve_draft_size` gives, from one evaluation of the
+    model's second derivatives at the point, which is a much smaller program than the solver.
+
+    Args:
+      n_star: N* from :func:`solve_draft_size` with the same other arguments (NaN entries give NaN).
+      m_target, d_target, d_draft, recipe, loss, plane, cost: as in :func:`solve_draft_size`.
+
+    Returns:
+      A :class:`DraftSizeGradient`; multiply by theta for the elasticity ``d log N* / d log theta``.
+    """
+    n_star, m_target, d_target = _as_leaf(n_star), _as_leaf(m_target), _as_leaf(d_target)
+    d_draft = None if d_draft is None else _as_leaf(d_draft)
+    concrete = _concrete(n_star)
+    if concrete is not None:
+        bad = ~(np.isnan(concrete) | ((concrete > 0) & np.isfinite(concrete)))
+        if bad.any():
+            raise ValueError(f"n_star must be > 0 (or NaN where the solve failed); got {concrete[bad].ravel()[0]!r} "
+                             f"at index {tuple(int(i) for i in np.argwhere(bad)[0])}")
+    _check_positive("m_target", m_target)
+    _check_positive("d_target", d_target)
+    recipe = as_recipe(d_draft, recipe)
+    for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
+        _check_tree(params, name, _check_finite)
+    problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
+    leaves, treedef = jax.tree.flatten(problem)
+    leaves = as_float(n_star, *leaves)
+    return _gradient_broadcast(leaves[0], jax.tree.unflatten(treedef, leaves[1:]))
+
+
+@jax.jit
+def _gradient_broadcast(n_star: jax.Array, problem: _Problem) -> DraftSizeGradient:
+    leaves, treedef = jax.tree.flatten(problem)
+    leaves = jnp.broadcast_arrays(n_star, *leaves)
+    shape = leaves[0].shape
+    flat = [x.reshape(-1) for x in leaves]
+    gradient = jax.vmap(_implicit_gradient)(jnp.log(flat[0]), jax.tree.unflatten(treedef, flat[1:]))
+    return DraftSizeGradient(*jax.tree.map(lambda x: x.reshape(shape), gradient))
 
 
 def optimal_draft_size(

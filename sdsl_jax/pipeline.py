@@ -326,7 +326,7 @@ def run(
     if not point.plane_fitted:
         log("sensitivity: d log N* / d log |A, B, C| of the fixed plane, by implicit derivatives")
         sensitivity = plane_sensitivity(targets, law=point.law, plane=point.plane, d_target=d_target,
-                                              recipe=recipe, cost=cost)
+                                        recipe=recipe, cost=cost, n_star=prediction.named.n_star)
     return PipelineResult(point, post, prediction, sensitivity, draws, scales, at_bound)
 
 

@@ -88,6 +88,33 @@ def test_implicit_derivatives_match_finite_differences_of_brute_force():
         assert implicit == pytest.approx(fd, rel=1e-4, abs=1e-4), name
 
 
+def test_gradient_at_a_solved_n_star_equals_the_solvers_own_derivatives():
+    """draft_size_gradient (no second solve) against jax.grad through solve_draft_size, field by field,
+    on several targets with a recipe whose budget follows N; NaN where the solve failed."""
+    from sdsl_jax import TokensPerParameter, draft_size_gradient
+
+    m = jnp.array([3e9, 4e10, 1.5e11])
+    recipe = TokensPerParameter(jnp.asarray(20.0))
+    kw = dict(d_target=jnp.asarray(2e12), recipe=recipe, loss=HOFFMANN2022, plane=SDSL2026)
+    n_star = solve_draft_size(m, **kw).n_star
+    gradient = draft_size_gradient(n_star, m, **kw)
+
+    def log_n_star(m, d_target, recipe, loss, plane):
+        return jnp.log(optimal_draft_size(m, d_target=d_target, recipe=recipe, loss=loss, plane=plane))
+
+    for i in range(m.size):
+        ours = (gradient.m_target[i], gradient.d_target[i], jax.tree.map(lambda x: x[i], gradient.recipe),
+                jax.tree.map(lambda x: x[i], gradient.loss), jax.tree.map(lambda x: x[i], gradient.plane))
+        solver = jax.grad(lambda *a: log_n_star(*a), argnums=(0, 1, 2, 3, 4))(
+            m[i], kw["d_target"], recipe, HOFFMANN2022, SDSL2026)
+        for (path, b), a in zip(jax.tree_util.tree_flatten_with_path(solver)[0], jax.tree.leaves(ours)):
+            assert float(a) == pytest.approx(float(b), rel=1e-9, abs=1e-18), (i, jax.tree_util.keystr(path))
+    failed = draft_size_gradient(jnp.array([jnp.nan]), jnp.array([5e10]), **kw)
+    assert all(np.isnan(np.asarray(x)).all() for x in jax.tree.leaves(failed))
+    with pytest.raises(ValueError, match="n_star must be > 0"):
+        draft_size_gradient(jnp.array([-1.0]), jnp.array([5e10]), **kw)
+
+
 def test_forward_and_reverse_mode_agree_and_vectorise():
     m = jnp.array([2e10, 9e10])
     f = lambda m: optimal_draft_size(m, d_draft=1e12, d_target=1e12)  # noqa: E731

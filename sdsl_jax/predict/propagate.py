@@ -18,7 +18,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from sdsl_jax.costs import SDSL_FLOPS
-from sdsl_jax.optimum import LinearLaw, fit_linear_law, solve_draft_size
+from sdsl_jax.optimum import LinearLaw, draft_size_gradient, fit_linear_law, solve_draft_size
 from sdsl_jax.recipes import as_recipe
 
 with warnings.catch_warnings():  # ArviZ announces its refactor on import
@@ -143,21 +143,19 @@ def summarize_draws(m_target: ArrayLike, n_star: np.ndarray, gamma_star: np.ndar
 
 def plane_sensitivity(
     m_target: ArrayLike, *, law, plane, d_target: float, d_draft: float | None = None, recipe=None,
-    cost=SDSL_FLOPS,
+    cost=SDSL_FLOPS, n_star: ArrayLike | None = None,
 ) -> dict[str, np.ndarray]:
     """Elasticities ``d log N* / d log |theta|`` for theta = A, B, C, by implicit derivatives.
 
-    An elasticity of -7 means a 1% larger |A| gives a 7% different N* (here: smaller).
+    An elasticity of -7 means a 1% larger |A| gives a 7% different N* (here: smaller). ``n_star``:
+    N* already solved for these arguments (else solved here); the derivatives are taken at it
+    (:func:`sdsl_jax.draft_size_gradient`).
     """
-    m = jnp.asarray(m_target, jnp.float64)
-
-    def log_n_star(p):
-        return jnp.log(solve_draft_size(m, d_draft=d_draft, d_target=d_target, recipe=recipe, loss=law,
-                                        plane=type(plane)(*p), cost=cost).n_star)
-
-    p = jnp.asarray([plane.A, plane.B, plane.C], jnp.float64)
-    jac = jax.jacfwd(log_n_star)(p)  # (len(m), 3)
-    return {name: np.asarray(jac[:, i] * p[i]) for i, name in enumerate(("A", "B", "C"))}
+    kw = dict(d_draft=d_draft, d_target=d_target, recipe=recipe, loss=law, plane=plane, cost=cost)
+    if n_star is None:
+        n_star = solve_draft_size(m_target, **kw).n_star
+    gradient = draft_size_gradient(n_star, m_target, **kw).plane
+    return {name: np.asarray(getattr(gradient, name)) * float(getattr(plane, name)) for name in ("A", "B", "C")}
 
 
 def interval_coverage(draws: np.ndarray, truth: float, *, level: float = 0.9) -> bool:
