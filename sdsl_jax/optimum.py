@@ -300,18 +300,7 @@ def solve_draft_size(
       ValueError: naming the argument, for concrete inputs outside the model (non-positive or
         non-finite sizes and token counts, non-finite coefficients, a bad ``n_min``/``num_grid``).
     """
-    # Lists and tuples are arrays here, not pytrees of separate targets.
-    m_target, d_target = _as_leaf(m_target), _as_leaf(d_target)
-    d_draft = None if d_draft is None else _as_leaf(d_draft)
-    _check_positive("m_target", m_target)
-    _check_positive("d_target", d_target)
-    if d_draft is not None:
-        _check_positive("d_draft", d_draft)
-    recipe = as_recipe(d_draft, recipe)
-    if d_draft is None:
-        _check_tree(recipe, "recipe", _check_positive)
-    for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
-        _check_tree(params, name, _check_finite)
+    problem = _checked_problem(m_target, d_target, d_draft, recipe, loss, plane, cost)
     n_min = _python_scalar("n_min", n_min, float)
     if not (n_min > 0 and math.isfinite(n_min)):
         raise ValueError(f"n_min must be a positive finite number, got {n_min!r}")
@@ -326,7 +315,6 @@ def solve_draft_size(
         if not (0 < tol < 1):
             raise ValueError(f"tol must be in (0, 1) (a relative step in log N), got {tol!r}")
 
-    problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
     leaves, treedef = jax.tree.flatten(problem)
     leaves = as_float(*leaves)
     dtype = leaves[0].dtype
@@ -411,9 +399,9 @@ def draft_size_gradient(
     """Gradient of ``log N*`` with respect to every input at a solved ``N*``, without solving again.
 
     At N* the stationarity condition ``g(u, theta) = d log T / du = 0`` holds (``u = log N*``), so by
-    the implicit function theorem ``du*/dtheta = -(dg/dtheta) / (dg/du)`` [docs/theory.md, section 4]:
-    the same derivative ``jax.grad`` of :func:`solve_draft_size` gives, from one evaluation of the
-    model's second derivatives at the point, which is a much smaller program than the solver.
+    the implicit function theorem ``du*/dtheta = -(dg/dtheta) / (dg/du)`` [docs/theory.md, section 4].
+    This is the derivative ``jax.grad`` through :func:`solve_draft_size` gives, from the model's
+    second derivatives at N* alone: a far smaller program to trace and compile than the solver's.
 
     Args:
       n_star: N* from :func:`solve_draft_size` with the same other arguments (NaN entries give NaN).
@@ -422,20 +410,14 @@ def draft_size_gradient(
     Returns:
       A :class:`DraftSizeGradient`; multiply by theta for the elasticity ``d log N* / d log theta``.
     """
-    n_star, m_target, d_target = _as_leaf(n_star), _as_leaf(m_target), _as_leaf(d_target)
-    d_draft = None if d_draft is None else _as_leaf(d_draft)
+    n_star = _as_leaf(n_star)
     concrete = _concrete(n_star)
     if concrete is not None:
         bad = ~(np.isnan(concrete) | ((concrete > 0) & np.isfinite(concrete)))
         if bad.any():
             raise ValueError(f"n_star must be > 0 (or NaN where the solve failed); got {concrete[bad].ravel()[0]!r} "
                              f"at index {tuple(int(i) for i in np.argwhere(bad)[0])}")
-    _check_positive("m_target", m_target)
-    _check_positive("d_target", d_target)
-    recipe = as_recipe(d_draft, recipe)
-    for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
-        _check_tree(params, name, _check_finite)
-    problem = _Problem(m_target, d_target, loss, plane, cost, recipe)
+    problem = _checked_problem(m_target, d_target, d_draft, recipe, loss, plane, cost)
     leaves, treedef = jax.tree.flatten(problem)
     leaves = as_float(n_star, *leaves)
     return _gradient_broadcast(leaves[0], jax.tree.unflatten(treedef, leaves[1:]))
@@ -507,6 +489,23 @@ def fit_linear_law(m_target: ArrayLike, n_star: ArrayLike) -> LinearLaw:
     dm, dn = w * (m - m_mean), w * (n - n_mean)
     mu = (dm * dn).sum() / (dm * dm).sum()
     return LinearLaw(mu=mu, m0=n_mean - mu * m_mean)
+
+
+def _checked_problem(m_target, d_target, d_draft, recipe, loss, plane, cost) -> _Problem:
+    """The solver's inputs as one pytree; ValueError naming the field for concrete values outside the model."""
+    # Lists and tuples are arrays here, not pytrees of separate targets.
+    m_target, d_target = _as_leaf(m_target), _as_leaf(d_target)
+    d_draft = None if d_draft is None else _as_leaf(d_draft)
+    _check_positive("m_target", m_target)
+    _check_positive("d_target", d_target)
+    if d_draft is not None:
+        _check_positive("d_draft", d_draft)
+    recipe = as_recipe(d_draft, recipe)
+    if d_draft is None:
+        _check_tree(recipe, "recipe", _check_positive)
+    for name, params in (("loss", loss), ("plane", plane), ("cost", cost)):
+        _check_tree(params, name, _check_finite)
+    return _Problem(m_target, d_target, loss, plane, cost, recipe)
 
 
 def _python_scalar(name: str, value, kind: type):
