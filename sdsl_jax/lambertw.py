@@ -149,13 +149,13 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
 
     One float64 Fritsch step from a relative error e leaves about 0.015 e^4, far below float64's
     rounding for e ~ 1e-8, so the first step needs no more than :func:`_rough_log` gives, and the
-    library logarithm (``log1p`` costs two) is paid once, in the last step. The step uses
-    ``log(z / w) = log|z| - log|w|`` (z and w share their sign). Below |z| = 1e-4 the start is
+    library logarithm (``log1p`` costs two) is paid once, in the last step. The step takes the rough
+    logarithm of ``z / w`` (positive: z and w share their sign), one where ``log|z| - log|w|`` costs two. Below |z| = 1e-4 the start is
     ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
     w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x))
     w_nz = jnp.where(w == 0, 1.0, w)
-    w = _fritsch_step(w, _rough_log(jnp.abs(z)) - _rough_log(jnp.abs(w_nz)))
+    w = _fritsch_step(w, _rough_log(z / w_nz))
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
