@@ -222,7 +222,7 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
     from sdsl_jax.figures import n_star_band_figure, reliability_figure
-    from sdsl_jax.loss_laws import FAMILIES
+    from sdsl_jax.loss_laws import EXPONENT_PRIOR, FAMILIES
     from sdsl_jax.store import append_stage_line, read_stage_lines
     from sdsl_jax.validation.closure_fits import ClosureSettings
     from sdsl_jax.validation.misspecified import ladder_processes, summarize_closures, synthetic_closure
@@ -266,13 +266,14 @@ def _misspecified(args, command: str) -> dict | None:
                                propagate=args.chains * args.draws, reruns=args.reruns,
                                rerun_weight=args.rerun_weight if args.reruns else None)
     # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
-    # each family's target acceptance) belong to the study too: a closure fitted under other choices
-    # is another study's, never resumed into this one.
+    # each family's target acceptance) and the exponents' prior belong to the study too: a closure
+    # fitted under other choices is another study's, never resumed into this one.
     study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),
                  target_accept={name: FAMILIES[name].target_accept for name in stack[0]},
+                 exponent_prior=list(EXPONENT_PRIOR),
                  **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)
@@ -319,6 +320,7 @@ def _misspecified(args, command: str) -> dict | None:
     groups = [(f"closures where {g}", v) for g, v in summary["by_checks"].items()]
     groups += [(f"closures with the {g} of the weight", v) for g, v in summary["by_true_family_weight"].items()]
     groups += [(f"process {g}", v) for g, v in summary["by_process"].items()]
+    groups += [(f"process {g}", v) for g, v in summary["by_process_and_lead_law"].items()]
     for group, scores in groups:
         if scores["targets"]:
             ece = scores["p_best_expected_calibration_error"]

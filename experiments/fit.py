@@ -35,6 +35,7 @@ from experiments.fit_outputs import (data_record, latency_record, log_diagnostic
 from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, make_output_folder,
                                run_command, run_header, write_json)
 from sdsl_jax import ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, status_message
+from sdsl_jax.loss_laws import EXPONENT_PRIOR
 from sdsl_jax.recipes import RECIPES
 from sdsl_jax.store import StageStore, content_digest
 
@@ -177,7 +178,7 @@ def fit_and_predict(args, inputs: Inputs, log):
     fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
                        drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
                        seed=args.seed, law=family.name, target_accept=family.target_accept,
-                       acceptance_model=acceptance_model.name)
+                       acceptance_model=acceptance_model.name, exponent_prior=list(EXPONENT_PRIOR))
     # One flag for both kinds of grouped effects; None: each where its data identify it.
     run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:

@@ -10,6 +10,7 @@ import numpy as np
 
 from experiments.fit_inputs import Inputs
 from sdsl_jax.assumptions import format_assumptions
+from sdsl_jax.loss_laws import EXPONENT_PRIOR
 
 OUTPUTS = ("summary.json", "loss_law_posterior.nc", "plane_posterior.nc", "loss_law_fit.png", "n_star_bands.png",
            "throughput_curves.png", "acceptance_plane.png")
@@ -32,7 +33,8 @@ def settings_record(args, inputs: Inputs, starts: int) -> dict:
                 d_draft=args.d_draft, d_target=args.d_target,
                 m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=starts,
                 **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
-                        bands="mean curve only" if args.mean_only else "posterior-predictive")
+                        bands="mean curve only" if args.mean_only else "posterior-predictive",
+                        exponent_prior=dict(zip(("median", "log_sd"), EXPONENT_PRIOR)))
                    if args.posterior else {}))
 
 

@@ -128,6 +128,9 @@ def test_summary_counts_coverage_and_left_out_forecasts():
     assert out["overall"]["n_star_median_log_width"] == pytest.approx(np.log(3.0))
     # x gave its true family (chinchilla) 0.6 of the weight; y's process names no stacked family.
     assert out["by_true_family_weight"]["true family over half"]["targets"] == 0
+    # The band is the highest-weight form's: chinchilla leads in both closures.
+    assert out["by_process_and_lead_law"]["x, chinchilla leads"]["n_star_coverage"] == 0.5
+    assert out["by_process_and_lead_law"]["y, chinchilla leads"]["targets"] == 1
     closures[0]["process"] = "chinchilla + plane"
     split = summarize_closures(closures)["by_true_family_weight"]
     assert split["true family over half"]["targets"] == 2 and split["true family at most half"]["targets"] == 1

@@ -271,7 +271,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
     summary also has the median of ``log(band median / truth)`` (a bias; 0 for a band centred on
     the truth) and the median ``log(upper / lower)`` (the band's width); and the scores are split by
     whether the stacking gave the true process's loss-law family more than half the weight
-    (``by_true_family_weight``).
+    (``by_true_family_weight``), and by process and the loss-law family of the highest-weight form,
+    whose posterior the N* band is drawn from (``by_process_and_lead_law``).
     """
     from sdsl_jax.forecast import reliability
 
@@ -313,6 +314,10 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
         family = c["process"].split(" + ")[0]
         return sum(w for form, w in (c.get("forms") or {}).items() if form.split(" + ")[0] == family) > 0.5
 
+    def lead_law(c: dict) -> str:
+        forms = c.get("forms") or {}
+        return max(forms, key=forms.get).split(" + ")[0] if forms else "no form"
+
     fallback = [every_form_failed(c) for c in closures]
     leads = [true_family_leads(c) for c in closures]
     out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=sum(fallback),
@@ -327,4 +332,8 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
                                           [t for c, k in zip(closures, leads) if not k for t in c["targets"]])})
     for name in dict.fromkeys(c["process"] for c in closures):
         out["by_process"][name] = summary([t for c in closures if c["process"] == name for t in c["targets"]])
+    out["by_process_and_lead_law"] = {
+        f"{process}, {law} leads": summary([t for c in closures if (c["process"], lead_law(c)) == (process, law)
+                                            for t in c["targets"]])
+        for process, law in sorted({(c["process"], lead_law(c)) for c in closures})}
     return out
