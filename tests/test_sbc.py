@@ -98,6 +98,12 @@ def test_a_study_resumes_from_its_finished_datasets(tmp_path):
         simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), exact_fit(calls=other_calls), obs_site="y",
                                      sites=("mu",), datasets=datasets, seed=seed, stage_path=stage)
     assert len(other_calls) == 2 + 13
+    # So is the same seed and count under other settings (a prior's width): fitted again, then reused.
+    study_calls = []
+    for _ in range(2):
+        simulation_based_calibration(normal_mean_model, (np.zeros(ROWS),), exact_fit(calls=study_calls), obs_site="y",
+                                     sites=("mu",), datasets=12, seed=3, stage_path=stage, study=dict(width=2))
+    assert len(study_calls) == 12
     assert all(json.loads(line)["sites"] == ["mu"] for line in open(stage).read().splitlines()[12:])
 
 

@@ -38,7 +38,7 @@ import numpyro
 from scipy import stats
 
 from sdsl_jax.acceptance import SDSL2026
-from sdsl_jax.loss_laws import LossLaw
+from sdsl_jax.loss_laws import EXPONENT_PRIOR, LossLaw
 from sdsl_jax.store import append_stage_line, read_stage_lines
 
 __all__ = ["RankTest", "SBCResult", "prior_datasets", "rank_of_truth", "rank_uniformity", "loss_law_sbc",
@@ -126,6 +126,7 @@ def simulation_based_calibration(
     keep: int = 99,
     bins: int = 10,
     stage_path: str | None = None,
+    study: dict | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SBCResult:
     """SBC of ``fit`` for ``model``: ``datasets`` prior draws, each fitted and ranked.
@@ -141,6 +142,8 @@ def simulation_based_calibration(
       keep, bins: the thinned draws per rank (``L``) and the chi-square's bins.
       stage_path: a JSON-lines file of finished datasets: a rerun with the same arguments fits
         only the datasets not in it (another seed, count, ``keep`` or set of sites is another study).
+      study: what else makes the study (JSON-ready; for example the priors' settings): a stage
+        line fitted under another is not reused.
       log: receives a line per dataset.
     """
     truths, data = prior_datasets(model, model_args, obs_site=obs_site, sites=sites, count=datasets, seed=seed)
@@ -148,8 +151,8 @@ def simulation_based_calibration(
     if stage_path is not None:
         for unit in read_stage_lines(stage_path, warn=log):
             # The prior draws depend on their count as well as the seed: only the same study is reused.
-            if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites")) == (seed, datasets, keep,
-                                                                                                 list(sites)):
+            if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"), unit.get("study")) == (
+                    seed, datasets, keep, list(sites), study):
                 done[unit["dataset"]] = unit
     for i in range(datasets):
         if i in done:
@@ -157,7 +160,7 @@ def simulation_based_calibration(
         samples, problems = fit(data[i], seed + i)
         ranks = [rank_of_truth(samples[s], truths[s][i], keep=keep) for s in sites]
         done[i] = dict(dataset=i, seed=seed, datasets=datasets, keep=keep, sites=list(sites), ranks=ranks,
-                       problems=list(problems))
+                       problems=list(problems), **({} if study is None else dict(study=study)))
         if stage_path is not None:
             append_stage_line(stage_path, done[i])
         if log is not None:
@@ -190,10 +193,12 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
                               num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False)
         return out.samples, out.diagnostics.problems
 
+    # The exponents' prior is a setting of the study: ranks drawn under another are another study's.
     return simulation_based_calibration(model, args, fit, obs_site="log_loss",
                                         sites=loss_law_sites(family, run_effects=run is not None),
                                         datasets=datasets, seed=seed, keep=keep, bins=bins,
-                                        stage_path=stage_path, log=log)
+                                        stage_path=stage_path, study=dict(exponent_prior=list(EXPONENT_PRIOR)),
+                                        log=log)
 
 
 def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weights: np.ndarray | None = None,
