@@ -176,10 +176,11 @@ EXPONENT_PRIOR = (0.35, 1.0)
 Centred on published fits of large models (0.28-0.37: Hoffmann et al. 2022; Besiroglu et al.
 2024) and wide because small ladders are steeper: the factorial ladder's point fit
 (``fits/ladder/fit``) has ``alpha = 0.72``, ``beta = 0.65``. A ladder identifies ``alpha`` only
-weakly (it trades with ``E``), and N* for a small target lies below the smallest draft, where
-the N term is extrapolated: a log-sd of 0.5 put 0.72 at the prior's 93rd percentile, pulled the
-posterior's ``alpha`` to about 0.4 and biased N* low by a factor of about two on synthetic ladders
-drawn from that fit (``docs/results/misspecified.md``).
+weakly (it trades with the N term's size), and N* for a small target lies below the smallest
+draft, where the N term is extrapolated: a log-sd of 0.5 put 0.72 at the prior's 93rd percentile,
+pulled the posterior's ``alpha`` to about 0.4 and, on synthetic ladders drawn from that fit, left
+the N* bands a factor of about 2.6 below the truth where this law led
+(``docs/results/misspecified.md``).
 """
 
 
