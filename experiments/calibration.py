@@ -13,7 +13,8 @@ true parameters. ``n-star``: coverage of the 90% N* bands on synthetic ladders w
 ladder's design (``--design``), and of the acceptance models named by ``--acceptance-models`` on its
 pairs (``--acceptance-design``): parameters from the prior, data from the model, the rank of each
 true value among 99 thinned posterior draws, and a chi-square test of their uniformity; rank
-histograms in ``sbc.png``. ``misspecified``: ``--datasets`` synthetic ladders on the real ladder's
+histograms in ``sbc.png``. Its posteriors are sampled as ``experiments.fit`` samples them (4 chains
+x (500 + 500), a failing one run again up to twice, longer): the ranks check the procedure shipped. ``misspecified``: ``--datasets`` synthetic ladders on the real ladder's
 design (``--design``, ``--acceptance-design``, ``--speculative-design``), drawn in turn from true
 processes outside the lead form (a one-break law, Kaplan's law, a saturating acceptance curve;
 coefficients fitted to the real ladder), each closed by the whole procedure (the ``--stack`` forms
@@ -21,7 +22,7 @@ fitted and stacked, P(best), N* bands, the Bayes decision) and scored against it
 the 90% N* bands, the reliability and expected calibration error of P(best), the decision's regret
 (:mod:`sdsl_jax.validation.misspecified`). SBC and misspecified are resumable: finished datasets are
 kept in ``<out>/stages/`` and a rerun of the same command fits only the others. ``--shard I/K`` splits
-the misspecified closures over K processes (one per core), each with its own stage file. The other studies
+either study's datasets over K processes (one per core), each with its own stage file. The other studies
 are in :mod:`sdsl_jax.validation.calibration`.
 """
 
@@ -72,21 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
                         help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
                              "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
-    parser.add_argument("--reruns", type=int, default=0,
+    parser.add_argument("--reruns", type=int, default=None,
                         help="misspecified: times a failing posterior of a form that would carry weight is run again, "
-                             "each time with twice the warm-up and draws (0; the shipped closure's --reruns is 2)")
+                             "each time with twice the warm-up and draws (0; the shipped closure's --reruns is 2); "
+                             "sbc: times a failing posterior is run again (2, as experiments.fit runs it)")
     parser.add_argument("--rerun-weight", type=float, default=0.01,
                         help="misspecified, with --reruns: run a failing form again only if it would carry at least "
                              "this stacking weight were every posterior to pass (0.01)")
     parser.add_argument("--processes", default="broken:plane,kaplan:plane,chinchilla:logit-plane",
                         help="misspecified: the true processes, law:acceptance-model pairs, comma-separated, taken "
                              "in turn (default broken:plane,kaplan:plane,chinchilla:logit-plane)")
-    parser.add_argument("--chains", type=int, default=2, help="misspecified: NUTS chains per posterior (2)")
-    parser.add_argument("--warmup", type=int, default=300, help="misspecified: NUTS warm-up iterations (300)")
-    parser.add_argument("--draws", type=int, default=300, help="misspecified: NUTS draws per chain (300)")
-    parser.add_argument("--shard", metavar="I/K", help="misspecified: close only the datasets whose index is I modulo K "
-                                                        "(K processes, one per core, share the study; each keeps its "
-                                                        "own stage file and the last to finish writes the summary)")
+    parser.add_argument("--chains", type=int, default=None, help="misspecified: NUTS chains per posterior (2); sbc: "
+                                                                   "(4, as experiments.fit)")
+    parser.add_argument("--warmup", type=int, default=None, help="misspecified: NUTS warm-up iterations (300); sbc: "
+                                                                   "(500, as experiments.fit)")
+    parser.add_argument("--draws", type=int, default=None, help="misspecified: NUTS draws per chain (300); sbc: "
+                                                                  "(500, as experiments.fit)")
+    parser.add_argument("--shard", metavar="I/K", help="misspecified, sbc: fit only the datasets whose index is I "
+                                                        "modulo K (K processes, one per core, share the study; each "
+                                                        "keeps its own stage file and the last to finish, or a rerun "
+                                                        "without --shard, writes the summary)")
     parser.add_argument("--out", metavar="DIR", help="also write calibration.json and the figures "
                                                      "(n_star_coverage.png, sbc.png); sbc keeps its finished "
                                                      "datasets in DIR/stages/")
@@ -97,6 +103,41 @@ def main(argv: list[str] | None = None) -> int:
                                                       "finished; the other studies start again")
 
 
+# The NUTS settings when not given: SBC checks the posteriors experiments.fit ships; the misspecified
+# study's closures run many forms each, shorter.
+SAMPLER_DEFAULTS = dict(sbc=dict(chains=4, warmup=500, draws=500, reruns=2),
+                        misspecified=dict(chains=2, warmup=300, draws=300, reruns=0))
+
+
+def _sampler_settings(args) -> None:
+    """Fill the NUTS settings not given with the study's defaults, and check them."""
+    from experiments.runlog import UsageError
+
+    for name, default in SAMPLER_DEFAULTS.get(args.only, SAMPLER_DEFAULTS["misspecified"]).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    for name in ("chains", "warmup", "draws"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.reruns < 0:
+        raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
+
+
+def _shard(args) -> tuple[int, int]:
+    """``--shard I/K`` as ``(I, K)``; ``(0, 1)`` without it."""
+    from experiments.runlog import UsageError
+
+    if not args.shard:
+        return 0, 1
+    try:
+        shard, shards = (int(v) for v in args.shard.split("/"))
+        if not 0 <= shard < shards:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--shard: {args.shard!r} is not I/K with 0 <= I < K") from None
+    return shard, shards
+
+
 def calibrate(args, argv) -> int:
     from experiments.runlog import UsageError, make_output_folder, versions, write_json
     from sdsl_jax.loss_laws import FAMILIES
@@ -104,6 +145,8 @@ def calibrate(args, argv) -> int:
 
     if args.datasets < 1:
         raise UsageError(f"--datasets must be at least 1, got {args.datasets}")
+    _sampler_settings(args)
+    _shard(args)
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
 
     families = [f for f in args.families.split(",") if f and f != "none"]
@@ -125,6 +168,8 @@ def calibrate(args, argv) -> int:
         start = time.perf_counter()
         if name == "sbc":
             record["studies"]["sbc"] = _sbc(args, families, acceptance, command)
+            if record["studies"]["sbc"] is None:
+                return 0
             continue
         if name == "misspecified":
             record["studies"]["misspecified"] = _misspecified(args, command)
@@ -156,9 +201,10 @@ def calibrate(args, argv) -> int:
     return 0
 
 
-def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict:
+def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict | None:
     """SBC of each family and acceptance model on its design; the per-site tests as a record, the rank
-    histograms as a figure."""
+    histograms as a figure. None when this run is one shard of several and another shard's datasets
+    are unfinished (this shard still fits its share of every study)."""
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining
     from sdsl_jax.figures import rank_histogram_figure
@@ -192,13 +238,22 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
         design = (f"{len(pairs.alpha)} pairs of {args.acceptance_design} (per-model effects "
                   f"{'on' if effects else 'off'}: {why})")
         studies += [(name, "acceptance_models", design, acceptance_study) for name in acceptance]
+    shard = _shard(args)
+    sampler = dict(num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws, retries=args.reruns)
+    record["sampler"] = dict(chains=args.chains, warmup=args.warmup, draws=args.draws, reruns=args.reruns)
+    unfinished = []
     for name, kind, design, run_study in studies:
         start = time.perf_counter()
-        print(f"sbc: {name}, {args.datasets} datasets on {design}", flush=True)
+        print(f"sbc: {name}, {args.datasets} datasets on {design}; NUTS {args.chains} chains x ({args.warmup} + "
+              f"{args.draws}), {args.reruns} rerun(s) of a failing posterior"
+              + (f"; shard {shard[0]}/{shard[1]}" if shard[1] > 1 else ""), flush=True)
         stage = f"sbc-{name}.jsonl" if kind == "families" else f"sbc-acceptance-{name}.jsonl"
-        results[name] = study = run_study(name, datasets=args.datasets, seed=args.seed,
-                                          stage_path=os.path.join(args.out, "stages", stage),
-                                          log=lambda line: print(line, flush=True))
+        study = run_study(name, datasets=args.datasets, seed=args.seed, **sampler, shard=shard,
+                          stage_path=os.path.join(args.out, "stages", stage), log=lambda line: print(line, flush=True))
+        if study is None:
+            unfinished.append(name)
+            continue
+        results[name] = study
         failed = sum(1 for p in study.failed_checks if p)
         record[kind][name] = dict(
             sites=list(study.sites), num_draws=study.num_draws, min_p_value=study.min_p_value(),
@@ -210,6 +265,10 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
             ranks=study.ranks.tolist(), seconds=time.perf_counter() - start)
         print(f"sbc: {name}: chi-square p per parameter " + ", ".join(f"{t.site} {t.p_value:.3f}" for t in study.tests)
               + f"; {failed} of {args.datasets} posteriors failed a check", flush=True)
+    if unfinished:
+        print(f"shard {shard[0]}/{shard[1]} finished; {', '.join(unfinished)} still have datasets with the other "
+              "shards: the last shard to finish (or a rerun without --shard) writes the summary", flush=True)
+        return None
     rank_histogram_figure(os.path.join(args.out, "sbc.png"), results, caption=command)
     return record
 
@@ -246,18 +305,9 @@ def _misspecified(args, command: str) -> dict | None:
     for flag in ("chains", "warmup", "draws"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
-    if args.reruns < 0:
-        raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
     if not 0 <= args.rerun_weight <= 1:
         raise UsageError(f"--rerun-weight must be in [0, 1], got {args.rerun_weight}")
-    shard, shards = 0, 1
-    if args.shard:
-        try:
-            shard, shards = (int(v) for v in args.shard.split("/"))
-            if not 0 <= shard < shards:
-                raise ValueError
-        except ValueError:
-            raise UsageError(f"--shard: {args.shard!r} is not I/K with 0 <= I < K") from None
+    shard, shards = _shard(args)
     runs, pairs = load_pretraining(args.design), load_acceptance(args.acceptance_design)
     speculative = load_speculative(args.speculative_design) if args.measured == "speculative" else None
     processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,

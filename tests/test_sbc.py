@@ -107,6 +107,39 @@ def test_a_study_resumes_from_its_finished_datasets(tmp_path):
     assert all(json.loads(line)["sites"] == ["mu"] for line in open(stage).read().splitlines()[12:])
 
 
+def test_shards_split_a_study_and_meet_in_its_stage_files(tmp_path):
+    """Two processes share a study (``shard``): each fits its datasets into its own stage file, the
+    first to finish gets None, the last the study, the same as one process's; a rerun fits nothing."""
+    stage = str(tmp_path / "sbc.jsonl")
+    whole = study(exact_fit(), datasets=10)
+    calls = {0: [], 1: []}
+    first = study(exact_fit(calls=calls[0]), datasets=10, stage_path=stage, shard=(0, 2))
+    second = study(exact_fit(calls=calls[1]), datasets=10, stage_path=stage, shard=(1, 2))
+    assert first is None and calls == {0: [3, 5, 7, 9, 11], 1: [4, 6, 8, 10, 12]}
+    np.testing.assert_array_equal(second.ranks, whole.ranks)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sbc-0of2.jsonl", "sbc-1of2.jsonl"]
+    again = []
+    np.testing.assert_array_equal(study(exact_fit(calls=again), datasets=10, stage_path=stage).ranks, whole.ranks)
+    assert again == []
+    with pytest.raises(ValueError, match="needs a stage_path"):
+        study(exact_fit(), datasets=10, shard=(0, 2))
+
+
+def test_the_sbc_command_samples_as_the_fit_command_unless_told():
+    """SBC checks the posteriors experiments.fit ships (its chains, warm-up, draws and reruns); the
+    misspecified study keeps its shorter defaults; a value given is kept."""
+    from experiments import calibration, fit
+
+    shipped = fit.parse_args([])
+    args = calibration.argparse.Namespace(only="sbc", chains=None, warmup=None, draws=None, reruns=None)
+    calibration._sampler_settings(args)
+    assert (args.chains, args.warmup, args.draws, args.reruns) == (shipped.chains, shipped.warmup, shipped.draws,
+                                                                   shipped.reruns)
+    args = calibration.argparse.Namespace(only="misspecified", chains=3, warmup=None, draws=None, reruns=None)
+    calibration._sampler_settings(args)
+    assert (args.chains, args.warmup, args.draws, args.reruns) == (3, 300, 300, 0)
+
+
 def test_prior_datasets_names_a_site_the_model_lacks():
     with pytest.raises(ValueError, match=r"no site\(s\) \['sigma'\]"):
         prior_datasets(normal_mean_model, (np.zeros(ROWS),), obs_site="y", sites=("mu", "sigma"), count=2, seed=0)
@@ -157,6 +190,9 @@ def test_loss_law_sbc_runs_nuts_on_a_ladder_design():
     (["--only", "sbc"], "--only sbc needs --out DIR"),
     (["--only", "sbc", "--families", "chinchilla,cubic", "--out", "OUT"], "--families: unknown ['cubic']"),
     (["--only", "sbc", "--acceptance-models", "plane,cone", "--out", "OUT"], "--acceptance-models: unknown ['cone']"),
+    (["--only", "sbc", "--shard", "2/2", "--out", "OUT"], "--shard: '2/2' is not I/K with 0 <= I < K"),
+    (["--only", "sbc", "--chains", "0", "--out", "OUT"], "--chains must be at least 1, got 0"),
+    (["--only", "sbc", "--reruns", "-1", "--out", "OUT"], "--reruns must be >= 0, got -1"),
 ])
 def test_the_sbc_command_refuses_what_it_cannot_run(args, fragment, tmp_path, capsys):
     from experiments import calibration

@@ -30,6 +30,8 @@ covers the N* that a NEW draft series and a NEW target, drawn from the same proc
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import Callable, NamedTuple
 
 import jax
@@ -127,8 +129,9 @@ def simulation_based_calibration(
     bins: int = 10,
     stage_path: str | None = None,
     study: dict | None = None,
+    shard: tuple[int, int] = (0, 1),
     log: Callable[[str], None] | None = None,
-) -> SBCResult:
+) -> SBCResult | None:
     """SBC of ``fit`` for ``model``: ``datasets`` prior draws, each fitted and ranked.
 
     Args:
@@ -142,39 +145,78 @@ def simulation_based_calibration(
       keep, bins: the thinned draws per rank (``L``) and the chi-square's bins.
       stage_path: a JSON-lines file of finished datasets: a rerun with the same arguments fits
         only the datasets not in it (another seed, count, ``keep`` or set of sites is another study).
-      study: what else makes the study (JSON-ready; for example the priors' settings): a stage
-        line fitted under another is not reused.
+      study: what else makes the study (JSON-ready; for example the priors' and the sampler's
+        settings): a stage line fitted under another is not reused.
+      shard: ``(I, K)``: fit only the datasets whose index is ``I`` modulo ``K`` (K processes share
+        the study), appending to ``stage_path``'s sibling ``<stem>-IofK.jsonl`` and reading every
+        sibling's lines; None is returned while another shard's datasets are unfinished.
       log: receives a line per dataset.
     """
     truths, data = prior_datasets(model, model_args, obs_site=obs_site, sites=sites, count=datasets, seed=seed)
-    done = {}
-    if stage_path is not None:
-        for unit in read_stage_lines(stage_path, warn=log):
-            # The prior draws depend on their count as well as the seed: only the same study is reused.
-            if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"), unit.get("study")) == (
-                    seed, datasets, keep, list(sites), study):
-                done[unit["dataset"]] = unit
+    index, shards = shard
+    if not 0 <= index < shards:
+        raise ValueError(f"shard {index} of {shards}: needs 0 <= I < K")
+    if shards > 1 and stage_path is None:
+        raise ValueError("a sharded study needs a stage_path: its shards meet there")
+
+    def finished() -> dict:
+        done = {}
+        for path in _stage_siblings(stage_path):
+            for unit in read_stage_lines(path, warn=log):
+                # The prior draws depend on their count as well as the seed: only the same study is reused.
+                if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"),
+                        unit.get("study")) == (seed, datasets, keep, list(sites), study):
+                    done[unit["dataset"]] = unit
+        return done
+
+    done = finished()
+    own_path = stage_path if shards == 1 else _shard_path(stage_path, index, shards)
     for i in range(datasets):
-        if i in done:
+        if i in done or i % shards != index:
             continue
         samples, problems = fit(data[i], seed + i)
         ranks = [rank_of_truth(samples[s], truths[s][i], keep=keep) for s in sites]
         done[i] = dict(dataset=i, seed=seed, datasets=datasets, keep=keep, sites=list(sites), ranks=ranks,
                        problems=list(problems), **({} if study is None else dict(study=study)))
-        if stage_path is not None:
-            append_stage_line(stage_path, done[i])
+        if own_path is not None:
+            append_stage_line(own_path, done[i])
         if log is not None:
             log(f"  dataset {i + 1}/{datasets}: ranks {ranks}"
                 + (f"; failed: {'; '.join(problems)}" if problems else ""))
+    if shards > 1:
+        done = finished()
+        if len(done) < datasets:
+            return None
     ranks = np.array([done[i]["ranks"] for i in range(datasets)], np.int64)
     tests = tuple(RankTest(s, *rank_uniformity(ranks[:, j], keep, bins=bins)) for j, s in enumerate(sites))
     return SBCResult(tuple(sites), ranks, keep, tests, tuple(tuple(done[i]["problems"]) for i in range(datasets)))
 
 
+def _shard_path(stage_path: str, index: int, shards: int) -> str:
+    stem, ext = os.path.splitext(stage_path)
+    return f"{stem}-{index}of{shards}{ext}"
+
+
+def _stage_siblings(stage_path: str | None) -> list[str]:
+    """``stage_path`` and its shards' files (:func:`_shard_path`), those that exist."""
+    if stage_path is None:
+        return []
+    stem, ext = os.path.splitext(stage_path)
+    shards = sorted(glob.glob(glob.escape(stem) + "-*of*" + ext))
+    return [p for p in [stage_path, *shards] if os.path.exists(p)]
+
+
+def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int) -> dict:
+    """The sampler's settings as a part of an SBC study's key (ranks under other settings are
+    another study's), with the exponents' prior (:data:`~sdsl_jax.loss_laws.EXPONENT_PRIOR`)."""
+    return dict(exponent_prior=list(EXPONENT_PRIOR), chains=num_chains, warmup=num_warmup, draws=num_samples,
+                reruns=retries)
+
+
 def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.ndarray | None = None,
-                 datasets: int, seed: int = 0, num_chains: int = 2, num_warmup: int = 300, num_samples: int = 1000,
-                 keep: int = 99, bins: int = 10, stage_path: str | None = None,
-                 log: Callable[[str], None] | None = None) -> SBCResult:
+                 datasets: int, seed: int = 0, num_chains: int = 4, num_warmup: int = 500, num_samples: int = 500,
+                 retries: int = 2, keep: int = 99, bins: int = 10, stage_path: str | None = None,
+                 shard: tuple[int, int] = (0, 1), log: Callable[[str], None] | None = None) -> SBCResult | None:
     """SBC of a loss-law family's posterior (:func:`sdsl_jax.infer.sample_loss_law`) on a design.
 
     The design is the runs' ``(N, D)`` and, with ``run``, their training runs (the hierarchical
@@ -182,6 +224,11 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
     the priors stated at that design's centre, so the study checks the posteriors we ship on the
     ladder we have. Every parameter of the family, the residual scale and degrees of freedom, and
     the run effects' scales are ranked. ``num_chains x num_samples`` must be at least ``keep``.
+
+    The sampler's defaults are what ``experiments.fit`` and ``experiments.closure`` run (4 chains of
+    500 warm-up and 500 draws, a failing posterior run again up to twice, longer), so the ranks
+    check the procedure we ship, reruns included; ``shard`` as in
+    :func:`simulation_based_calibration`.
     """
     from sdsl_jax.infer.models import loss_law_sites
     from sdsl_jax.infer.posterior import loss_law_numpyro_model, sample_loss_law
@@ -190,28 +237,29 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
 
     def fit(log_loss, fit_seed):
         out = sample_loss_law(n_params, n_tokens, np.exp(log_loss), family=family, run=run, num_chains=num_chains,
-                              num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False)
+                              num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False,
+                              retries=retries)
         return out.samples, out.diagnostics.problems
 
-    # The exponents' prior is a setting of the study: ranks drawn under another are another study's.
+    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries)
     return simulation_based_calibration(model, args, fit, obs_site="log_loss",
                                         sites=loss_law_sites(family, run_effects=run is not None),
                                         datasets=datasets, seed=seed, keep=keep, bins=bins,
-                                        stage_path=stage_path, study=dict(exponent_prior=list(EXPONENT_PRIOR)),
-                                        log=log)
+                                        stage_path=stage_path, study=study, shard=shard, log=log)
 
 
 def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weights: np.ndarray | None = None,
                    draft: np.ndarray | None = None, target: np.ndarray | None = None,
                    effect_sides: tuple[str, ...] = ("draft", "target"), datasets: int, seed: int = 0,
-                   num_chains: int = 2, num_warmup: int = 300, num_samples: int = 1000, keep: int = 99, bins: int = 10,
-                   stage_path: str | None = None, log: Callable[[str], None] | None = None) -> SBCResult:
+                   num_chains: int = 4, num_warmup: int = 500, num_samples: int = 500, retries: int = 2,
+                   keep: int = 99, bins: int = 10, stage_path: str | None = None, shard: tuple[int, int] = (0, 1),
+                   log: Callable[[str], None] | None = None) -> SBCResult | None:
     """SBC of an acceptance model's posterior (:func:`sdsl_jax.infer.sample_plane`) on a design of pairs.
 
     The design is the pairs' perplexities and weights and, with ``draft`` and ``target`` (an integer
     model per pair), the per-model effects of the kinds in ``effect_sides`` that the ladder's fits
     use; the alphas are simulated from the model there. The coefficients A, B, C, the residual scale
-    and the effects' scales are ranked.
+    and the effects' scales are ranked. The sampler's settings and ``shard`` as in :func:`loss_law_sbc`.
     """
     from sdsl_jax.infer.models import PLANE_SITES, effect_scale_sites
     from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
@@ -223,13 +271,14 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
     def fit(alpha, fit_seed):
         out = sample_plane(ppl_draft, ppl_target, alpha, weights=weights, model=model, num_chains=num_chains,
                            num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False,
-                           **groups)
+                           retries=retries, **groups)
         return out.samples, out.diagnostics.problems
 
     sites = PLANE_SITES + (effect_scale_sites(effect_sides) if draft is not None else ())
+    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries)
     return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
                                         datasets=datasets, seed=seed, keep=keep, bins=bins, stage_path=stage_path,
-                                        log=log)
+                                        study=study, shard=shard, log=log)
 
 
 TRUE_LAW = LossLaw(E=1.82, A=480.0, B=2100.0, alpha=0.35, beta=0.37)
