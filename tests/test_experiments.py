@@ -408,3 +408,8 @@ def test_failed_posteriors_are_listed_with_the_weight_of_their_form():
     assert lines == ["without N = 24832: broken (R-hat 1.114, ESS 24, 0 divergent, weight 1.00)"]
     assert closing.failed_diagnostics({"loss_law": bad}, None, None) == \
         ["all data: loss_law (R-hat 1.114, ESS 24, 0 divergent)"]
+    # A posterior failing only by its trajectories' length says so: every other number passes.
+    capped = dict(ok, ok=False, max_tree_depth_share=0.45, median_steps=511.0)
+    assert closing.failed_diagnostics({"chinchilla": capped}, None, {"forms": {"kaplan + plane": 1.0}}) == \
+        ["all data: chinchilla (R-hat 1.001, ESS 900, 0 divergent, 45% at the tree-depth cap, median 511 steps, "
+         "weight 0.00)"]

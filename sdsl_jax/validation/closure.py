@@ -381,7 +381,8 @@ def closure_scores(records) -> dict:
 def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | None,
                        forward: dict | None = None) -> list[str]:
     """One line per posterior (in-sample, a refit without a size, or a target's forward fit) whose
-    checks failed."""
+    checks failed: R-hat, bulk ESS, divergences, the share of draws at the maximum tree depth and
+    the median leapfrog steps per draw, and the weight its form carries in that fit."""
     def weight_of(name, forms):
         if not forms:
             return ""
@@ -393,9 +394,16 @@ def failed_diagnostics(in_sample: dict, refits: dict | None, stacking: dict | No
     fits += [(f"without N = {size}", r.get("diagnostics", {}), r.get("forms")) for size, r in (refits or {}).items()]
     fits += [(f"forward fit for {target}", r.get("diagnostics", {}), r.get("forms"))
              for target, r in (forward or {}).items()]
+    def steps(d):
+        # Older records lack the step counts; a share at the cap is a failed check of its own.
+        share, median = d.get("max_tree_depth_share"), d.get("median_steps")
+        if share is None or median is None:
+            return ""
+        return f", {100 * share:.0f}% at the tree-depth cap, median {median:.0f} steps"
+
     for where, diagnostics, forms in fits:
         for name, d in diagnostics.items():
             if not d["ok"]:
                 out.append(f"{where}: {name} (R-hat {d['max_rhat']:.3f}, ESS {d['min_ess_bulk']:.0f}, "
-                           f"{d['num_divergences']} divergent{weight_of(name, forms)})")
+                           f"{d['num_divergences']} divergent{steps(d)}{weight_of(name, forms)})")
     return out

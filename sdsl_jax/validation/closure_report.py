@@ -122,8 +122,11 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                      if sensitivity["failed_checks"] else "") + ".\n")
     if failed:
         table += ("\nPosteriors that failed their checks (R-hat < 1.01, bulk ESS above 100 per chain, no divergences, under 1% of draws at the maximum tree depth), with the "
-                  "weight their form carries in that fit: " + "; ".join(failed) + ". Their draws are used as sampled; "
-                  "read the scores that depend on them with that in mind.\n")
+                  "weight their form carries in that fit: " + "; ".join(failed) + ". "
+                  + ("Stacking gives a form that still fails after its reruns no weight, unless every form of "
+                     "that fit failed (then all are stacked): a weight above 0 here says its draws were used.\n"
+                     if fit.stacking is not None else
+                     "Their draws are used as sampled; read the scores that depend on them with that in mind.\n"))
     stacking = fit.stacking
     if stacking is not None:
         table += ("\nStacked forms (" + stacking["method"] + "; loss laws on the pre-training rows, acceptance models "
