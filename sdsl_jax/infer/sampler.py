@@ -101,8 +101,9 @@ def check_diagnostics(
     steps = np.asarray(num_steps if num_steps is not None else np.nan, np.float64).ravel()
     at_cap = float(np.mean(steps >= 2**max_tree_depth - 1)) if num_steps is not None else float("nan")
     if at_cap > max_tree_depth_share:
-        problems.append(f"{at_cap:.0%} of draws at the maximum tree depth (a badly scaled posterior: "
-                        "reparametrise, or a dense mass matrix)")
+        problems.append(f"{at_cap:.0%} of draws at the maximum tree depth (trajectories cut short: a curved or "
+                        "weakly identified posterior, such as an exponent the data's sizes barely pin down; more "
+                        "data over a wider range, or a form with fewer coefficients)")
     return Diagnostics(worst_rhat, worst_ess, int(divergences), not problems, tuple(problems),
                        float(np.mean(steps)), at_cap, float(np.median(steps)))
 
