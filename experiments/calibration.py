@@ -14,9 +14,10 @@ ladder's design (``--design``), and of the acceptance models named by ``--accept
 pairs (``--acceptance-design``): parameters from the prior, data from the model, the rank of each
 true value among 99 thinned posterior draws, and a chi-square test of their uniformity; rank
 histograms in ``sbc.png``. Its posteriors are sampled as ``experiments.fit`` samples them (4 chains
-x (500 + 500), a failing one run again up to twice, longer): the ranks check the procedure shipped. ``misspecified``: ``--datasets`` synthetic ladders on the real ladder's
-design (``--design``, ``--acceptance-design``, ``--speculative-design``), drawn in turn from true
-processes outside the lead form (a one-break law, Kaplan's law, a saturating acceptance curve;
+x (500 + 500), a failing one run again up to twice, longer): the ranks check the procedure shipped.
+``misspecified``: ``--datasets`` synthetic ladders on the real ladder's design (``--design``,
+``--acceptance-design``, ``--speculative-design``), drawn in turn from true processes outside the
+lead form (a one-break law, Kaplan's law, a saturating acceptance curve;
 coefficients fitted to the real ladder), each closed by the whole procedure (the ``--stack`` forms
 fitted and stacked, P(best), N* bands, the Bayes decision) and scored against its truth: coverage of
 the 90% N* bands, the reliability and expected calibration error of P(best), the decision's regret

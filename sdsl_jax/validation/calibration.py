@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Callable, NamedTuple
 
 import jax
@@ -202,7 +203,8 @@ def _stage_siblings(stage_path: str | None) -> list[str]:
     if stage_path is None:
         return []
     stem, ext = os.path.splitext(stage_path)
-    shards = sorted(glob.glob(glob.escape(stem) + "-*of*" + ext))
+    own = re.compile(re.escape(os.path.basename(stem)) + r"-\d+of\d+" + re.escape(ext))
+    shards = sorted(p for p in glob.glob(glob.escape(stem) + "-*" + ext) if own.fullmatch(os.path.basename(p)))
     return [p for p in [stage_path, *shards] if os.path.exists(p)]
 
 
