@@ -283,7 +283,7 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
     from sdsl_jax.figures import n_star_band_figure, reliability_figure
     from sdsl_jax.loss_laws import EXPONENT_PRIOR, FAMILIES
-    from sdsl_jax.store import append_stage_line, read_stage_lines
+    from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
     from sdsl_jax.validation.closure_fits import ClosureSettings
     from sdsl_jax.validation.misspecified import ladder_processes, summarize_closures, synthetic_closure
 
@@ -328,12 +328,12 @@ def _misspecified(args, command: str) -> dict | None:
                  **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)
-    stage_path = os.path.join(stages, "misspecified.jsonl" if shards == 1 else f"misspecified-{shard}of{shards}.jsonl")
+    study_path = os.path.join(stages, "misspecified.jsonl")
+    stage_path = study_path if shards == 1 else shard_stage_path(study_path, shard, shards)
 
     def finished() -> dict:
-        return {unit["index"]: unit["closure"] for name in sorted(os.listdir(stages))
-                if name.startswith("misspecified") and name.endswith(".jsonl")
-                for unit in read_stage_lines(os.path.join(stages, name), warn=print) if unit.get("study") == study}
+        return {unit["index"]: unit["closure"] for path in stage_files(study_path)
+                for unit in read_stage_lines(path, warn=print) if unit.get("study") == study}
 
     done, failed = finished(), []
     for i in range(args.datasets):

@@ -16,10 +16,12 @@ discarded with one line and recomputed.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import threading
 import zipfile
@@ -36,6 +38,8 @@ __all__ = [
     "finite_or_none",
     "read_stage_lines",
     "append_stage_line",
+    "shard_stage_path",
+    "stage_files",
     "remove_partial_writes",
     "content_digest",
     "StageStore",
@@ -319,6 +323,24 @@ def read_stage_lines(path: str, warn: Callable[[str], None] | None = None) -> li
                 if warn is not None:
                     warn(f"{path}:{number}: an unfinished stage line (a run killed while writing it); recomputing it")
     return units
+
+
+def shard_stage_path(stage_path: str, index: int, shards: int) -> str:
+    """The stage file of shard ``index`` of ``shards`` processes sharing ``stage_path``'s study:
+    ``<stem>-IofK<ext>`` (each process appends to its own file)."""
+    stem, ext = os.path.splitext(stage_path)
+    return f"{stem}-{index}of{shards}{ext}"
+
+
+def stage_files(stage_path: str | None) -> list[str]:
+    """``stage_path`` and its shards' files (:func:`shard_stage_path`), those that exist: what a
+    study sharing them reads."""
+    if stage_path is None:
+        return []
+    stem, ext = os.path.splitext(stage_path)
+    own = re.compile(re.escape(os.path.basename(stem)) + r"-\d+of\d+" + re.escape(ext))
+    shards = sorted(p for p in glob.glob(glob.escape(stem) + "-*" + ext) if own.fullmatch(os.path.basename(p)))
+    return [p for p in [stage_path, *shards] if os.path.exists(p)]
 
 
 def append_stage_line(path: str, unit: dict) -> None:

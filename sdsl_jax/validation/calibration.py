@@ -30,9 +30,6 @@ covers the N* that a NEW draft series and a NEW target, drawn from the same proc
 
 from __future__ import annotations
 
-import glob
-import os
-import re
 from typing import Callable, NamedTuple
 
 import jax
@@ -42,7 +39,7 @@ from scipy import stats
 
 from sdsl_jax.acceptance import SDSL2026
 from sdsl_jax.loss_laws import EXPONENT_PRIOR, LossLaw
-from sdsl_jax.store import append_stage_line, read_stage_lines
+from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
 
 __all__ = ["RankTest", "SBCResult", "prior_datasets", "rank_of_truth", "rank_uniformity", "loss_law_sbc",
            "acceptance_sbc", "simulation_based_calibration", "TRUE_LAW", "TRUE_RUN_SD", "TRUE_RUN_SLOPE_SD",
@@ -162,7 +159,7 @@ def simulation_based_calibration(
 
     def finished() -> dict:
         done = {}
-        for path in _stage_siblings(stage_path):
+        for path in stage_files(stage_path):
             for unit in read_stage_lines(path, warn=log):
                 # The prior draws depend on their count as well as the seed: only the same study is reused.
                 if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"),
@@ -171,7 +168,7 @@ def simulation_based_calibration(
         return done
 
     done = finished()
-    own_path = stage_path if shards == 1 else _shard_path(stage_path, index, shards)
+    own_path = stage_path if shards == 1 else shard_stage_path(stage_path, index, shards)
     for i in range(datasets):
         if i in done or i % shards != index:
             continue
@@ -191,21 +188,6 @@ def simulation_based_calibration(
     ranks = np.array([done[i]["ranks"] for i in range(datasets)], np.int64)
     tests = tuple(RankTest(s, *rank_uniformity(ranks[:, j], keep, bins=bins)) for j, s in enumerate(sites))
     return SBCResult(tuple(sites), ranks, keep, tests, tuple(tuple(done[i]["problems"]) for i in range(datasets)))
-
-
-def _shard_path(stage_path: str, index: int, shards: int) -> str:
-    stem, ext = os.path.splitext(stage_path)
-    return f"{stem}-{index}of{shards}{ext}"
-
-
-def _stage_siblings(stage_path: str | None) -> list[str]:
-    """``stage_path`` and its shards' files (:func:`_shard_path`), those that exist."""
-    if stage_path is None:
-        return []
-    stem, ext = os.path.splitext(stage_path)
-    own = re.compile(re.escape(os.path.basename(stem)) + r"-\d+of\d+" + re.escape(ext))
-    shards = sorted(p for p in glob.glob(glob.escape(stem) + "-*" + ext) if own.fullmatch(os.path.basename(p)))
-    return [p for p in [stage_path, *shards] if os.path.exists(p)]
 
 
 def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int) -> dict:
