@@ -329,12 +329,19 @@ def solve_draft_size(
 # first call compiles one program, not one per eager reshape.
 @functools.partial(jax.jit, static_argnames=("num_grid", "max_steps", "tol"))
 def _solve_broadcast(problem: _Problem, n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
-    leaves, treedef = jax.tree.flatten(problem)
+    return _over_broadcast_leaves(
+        lambda problems: _solve_flat(problems, jnp.log(n_min), num_grid=num_grid, max_steps=max_steps, tol=tol),
+        problem)
+
+
+def _over_broadcast_leaves(solve_flat, tree):
+    """``solve_flat`` on every leaf of ``tree`` broadcast together and flattened to one axis; its
+    outputs reshaped back to the broadcast shape."""
+    leaves, treedef = jax.tree.flatten(tree)
     leaves = jnp.broadcast_arrays(*leaves)
     shape = leaves[0].shape
-    problems = jax.tree.unflatten(treedef, [x.reshape(-1) for x in leaves])
-    solution = _solve_flat(problems, jnp.log(n_min), num_grid=num_grid, max_steps=max_steps, tol=tol)
-    return jax.tree.map(lambda x: x.reshape(shape), solution)
+    out = solve_flat(jax.tree.unflatten(treedef, [x.reshape(-1) for x in leaves]))
+    return jax.tree.map(lambda x: x.reshape(shape), out)
 
 
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
@@ -425,12 +432,9 @@ def draft_size_gradient(
 
 @jax.jit
 def _gradient_broadcast(n_star: jax.Array, problem: _Problem) -> DraftSizeGradient:
-    leaves, treedef = jax.tree.flatten(problem)
-    leaves = jnp.broadcast_arrays(n_star, *leaves)
-    shape = leaves[0].shape
-    flat = [x.reshape(-1) for x in leaves]
-    gradient = jax.vmap(_implicit_gradient)(jnp.log(flat[0]), jax.tree.unflatten(treedef, flat[1:]))
-    return DraftSizeGradient(*jax.tree.map(lambda x: x.reshape(shape), gradient))
+    gradient = _over_broadcast_leaves(lambda flat: jax.vmap(_implicit_gradient)(jnp.log(flat[0]), flat[1]),
+                                      (n_star, problem))
+    return DraftSizeGradient(*gradient)
 
 
 def optimal_draft_size(
