@@ -168,7 +168,8 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     no_speedup = ~no_admissible & (gain[k] <= 0)
 
     def value_and_stationarity(u):
-        return jax.value_and_grad(_log_throughput)(u, p)
+        # Forward mode for the scalar u: no transposed (reverse) program to compile.
+        return jax.jvp(lambda v: _log_throughput(v, p), (u,), (jnp.ones_like(u),))
 
     def cond(state):
         _, _, _, done, step = state
