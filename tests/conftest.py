@@ -9,7 +9,7 @@ import os
 # Multi-device paths (sharding) are exercised on the CPU; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # The suite's time is XLA compiling programs that then run for milliseconds; XLA's older CPU
-# emitters and LLVM's level-1 optimisation compile faster, its default fusion emitters and level 2
+# emitters and LLVM's level-1 optimisation compile faster, its default fusion emitters and level 3
 # make faster code (what a user's large batch wants, so the library keeps them). Level 0 is not used:
 # it compiles little faster and gives two programs of the same draws different roundings. Measured
 # in docs/benchmarks.md. `make test-all` keeps XLA's defaults (SDSL_TEST_XLA_DEFAULTS=1), so both
