@@ -185,7 +185,9 @@ def load_model(config: TransformerConfig, path: str, *, seed: int = 0) -> Transf
     """A :class:`Transformer` with the parameters saved at ``path`` by :func:`save_params`."""
     import orbax.checkpoint as ocp
 
-    model = Transformer(config, rngs=nnx.Rngs(seed))
+    # The parameters' shapes only (nnx.eval_shape): initialising them for real would compute and
+    # compile every initializer just to overwrite its result.
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(seed)))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
     with ocp.StandardCheckpointer() as ckpt:
         nnx.update(model, ckpt.restore(os.path.abspath(path), abstract))
