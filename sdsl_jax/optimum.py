@@ -6,7 +6,9 @@ docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as th
 ``g(u) = d log T / du = 0``:
 
 1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
-   detects the failure modes (no admissible draft, no speed-up, maximum at the lower bound);
+   detects the failure modes it can see (no admissible draft, acceptance reaching 1); whether
+   drafting pays, and whether the maximum sits at the lower bound, are decided at the maximum
+   found (a speed-up can lie between grid points where the grid shows none);
 2. safeguarded Newton on ``g`` inside the bracket, from the vertex of the parabola through the
    grid maximum and its two neighbours (``g'`` by autodiff; a bisection step whenever the Newton
    step leaves the bracket or lands where the model is inadmissible), until the step is below
@@ -165,7 +167,9 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     gain = jnp.where(admissible, f_grid + log_target_cost, -jnp.inf)  # log(T / T_target)
     k = jnp.argmax(gain)
     no_admissible = ~jnp.any(admissible)
-    no_speedup = ~no_admissible & (gain[k] <= 0)
+    # Whether drafting pays is decided at the maximum found, not on the grid: where the speed-up
+    # region is narrower than the grid's spacing, every grid point can lie outside it.
+    decided = invalid | saturates | no_admissible
 
     def value_and_stationarity(u):
         # Forward mode for the scalar u: no transposed (reverse) program to compile.
@@ -203,29 +207,36 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     interior = (k > 0) & (k < num_grid - 1) & jnp.isfinite(f_lo) & jnp.isfinite(f_hi) & (curvature < 0)
     vertex = u0 + 0.5 * spacing * (f_lo - f_hi) / jnp.where(interior, curvature, -1.0)
     start = jnp.where(interior, jnp.clip(vertex, lo, hi), u0)
-    u, _, _, done, steps = jax.lax.while_loop(cond, body, (start, lo, hi, jnp.asarray(False), jnp.asarray(0, jnp.int32)))
+    # Lanes already decided do not step: a vmapped loop runs as many steps as its slowest lane.
+    u, _, _, done, steps = jax.lax.while_loop(cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32)))
     at_lower = (k == 0) & (u - log_n_min <= 1e-3 * spacing)
-    # The checks at u itself (alpha < 1 there, T finite there) are made by _solve_flat, which
-    # evaluates the model at u once for them and for its outputs (_final_status).
+    # The checks at u itself (alpha < 1 there, T finite there, a speed-up there) are made by
+    # _solve_flat, which evaluates the model at u once for them and for its outputs (_final_status).
     status = jnp.select(
-        [invalid, saturates, no_admissible, no_speedup, at_lower, ~done],
+        [invalid, saturates, no_admissible, at_lower, ~done],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
-         SolveStatus.NO_SPEEDUP, SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
+         SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
     return u, status, steps
 
 
-def _final_status(status: jax.Array, alpha: jax.Array, throughput: jax.Array) -> jax.Array:
+def _final_status(status: jax.Array, alpha: jax.Array, gamma: jax.Array, throughput: jax.Array,
+                  target_throughput: jax.Array) -> jax.Array:
     """The search's status completed by the checks at the point found, in the same precedence.
 
     Alpha >= 1 there means saturation (second only to invalid input); a stationary point must
-    have a finite T, anything else did not converge.
+    have a finite T, anything else did not converge; where the maximum found (or the lower bound,
+    where T still rises towards it) drafting does not pay (gamma* = 0, exact) or is no faster than
+    the target alone, no draft size pays.
     """
     early = (status == SolveStatus.INVALID_INPUT) | (status == SolveStatus.ACCEPTANCE_SATURATES)
     status = jnp.where(~early & (alpha >= 1), SolveStatus.ACCEPTANCE_SATURATES, status)
     found = status == SolveStatus.SUCCESS
-    return jnp.where(found & ~jnp.isfinite(throughput), SolveStatus.NOT_CONVERGED, status).astype(jnp.int32)
+    status = jnp.where(found & ~jnp.isfinite(throughput), SolveStatus.NOT_CONVERGED, status)
+    at_maximum = (status == SolveStatus.SUCCESS) | (status == SolveStatus.AT_LOWER_BOUND)
+    no_gain = (gamma <= 0) | (throughput <= target_throughput)
+    return jnp.where(at_maximum & no_gain, SolveStatus.NO_SPEEDUP, status).astype(jnp.int32)
 
 
 @_located_optimum.defjvp
@@ -355,7 +366,8 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
     alpha_found = draft_acceptance(n_found, problems.m, d_target=problems.d_target, recipe=problems.recipe,
                                    loss=problems.loss, plane=problems.plane)
     best = best_lookahead(problems.cost, alpha_found, n_found, problems.m)
-    status = _final_status(status, alpha_found, best.throughput)
+    status = _final_status(status, alpha_found, best.gamma, best.throughput,
+                           1.0 / target_alone_cost(problems.cost, problems.m))
     ok = status == SolveStatus.SUCCESS
     # NaN value AND NaN derivatives where the solve failed: a zero gradient would read as "optimal".
     # Both where() and the NaN behind the model's own admissibility test drop cotangents, so the

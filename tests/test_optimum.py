@@ -156,6 +156,26 @@ def test_failure_statuses_are_reported_not_silent():
     assert int(ok.status) == SolveStatus.SUCCESS and ok.num_steps < 10
 
 
+def test_a_speed_up_between_grid_points_is_found_not_reported_as_none():
+    # A posterior-like draw (Chinchilla's and the plane's coefficients jittered) whose admissible
+    # drafts (acceptance in (0, 1)) lie between the last two points of the default 12-point grid:
+    # on the grid only N = M is admissible, and no faster than the target alone, yet drafts near
+    # 0.38 M give 1.12x. "No speed-up" is decided at the maximum found, not on the grid; the
+    # answer is a 64-point grid's.
+    loss = LossLaw(E=1.2243609953724857, A=257.9771724626451, B=415.81950800250587,
+                   alpha=0.21409907732869904, beta=0.31210908087773453)
+    plane = AcceptancePlane(A=-0.00648655554299675, B=0.011737805093771946, C=0.5505873108946202)
+    m, kw = 1950905912.073299, dict(d_draft=1e12, d_target=1e12, loss=loss, plane=plane)
+    grid = np.exp(np.linspace(0.0, np.log(m), 12))
+    target_alone = 1.0 / (2.0 * m)
+    on_grid = np.asarray(draft_throughput(grid, m, **kw))
+    assert np.all(np.isnan(on_grid[:-1])) and on_grid[-1] <= target_alone * (1 + 1e-12)
+    sol = solve_draft_size(m, n_min=1.0, **kw)
+    fine = solve_draft_size(m, n_min=1.0, num_grid=64, **kw)
+    assert int(sol.status) == SolveStatus.SUCCESS and float(sol.throughput) > 1.1 * target_alone
+    np.testing.assert_allclose(sol.n_star, fine.n_star, rtol=1e-12)
+
+
 @pytest.mark.parametrize("c", [1.0, 1.5, 2.0])
 def test_acceptance_reaching_one_inside_the_interval_is_not_a_success(c):
     # alpha(N = M) = (A + B) x + C >= 1 here: T grows without bound towards alpha = 1, so there is
