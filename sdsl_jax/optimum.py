@@ -6,9 +6,11 @@ docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as th
 ``g(u) = d log T / du = 0``:
 
 1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
-   detects the failure modes it can see (no admissible draft, acceptance reaching 1); whether
-   drafting pays, and whether the maximum sits at the lower bound, are decided at the maximum
-   found (a speed-up can lie between grid points where the grid shows none);
+   detects the failure modes it can see (no admissible draft, acceptance reaching 1); where no
+   grid point shows a speed-up, shifted copies of the grid refine it up to eight-fold until one
+   does (a speed-up region can lie between grid points, and a flat maximum where gamma* = 0 gives
+   no direction). Whether drafting pays, and whether the maximum sits at the lower bound, are
+   decided at the maximum found;
 2. safeguarded Newton on ``g`` inside the bracket, from the vertex of the parabola through the
    grid maximum and its two neighbours (``g'`` by autodiff; a bisection step whenever the Newton
    step leaves the bracket or lands where the model is inadmissible), until the step is below
@@ -148,25 +150,67 @@ def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
     return _log_throughput_and_acceptance(u, p)[0]
 
 
+def _van_der_corput(r: int) -> float:
+    """The r-th term of the base-2 van der Corput sequence (0, 1/2, 1/4, 3/4, 1/8, ...)."""
+    fraction, scale = 0.0, 0.5
+    while r:
+        fraction, r, scale = fraction + scale * (r & 1), r >> 1, scale / 2
+    return fraction
+
+
+# Grid shifts: the grid and 7 refinements (a grid 8 times finer), tried only where no speed-up shows.
+_SHIFTS = tuple(_van_der_corput(r) for r in range(8))
+# After s sets (s >= 1), the points include a whole grid 2^floor(log2 s) times finer.
+_FINER = (1,) + tuple(2 ** (s.bit_length() - 1) for s in range(1, len(_SHIFTS) + 1))
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
     """Scalar solve; returns (u*, status, steps), u* differentiable by the implicit function theorem."""
     log_m = jnp.log(p.m)
-    grid = jnp.linspace(log_n_min, log_m, num_grid)
-    f_grid, alpha_grid = jax.vmap(_log_throughput_and_acceptance, (0, None))(grid, p)
-    admissible = jnp.isfinite(f_grid)
-    # T -> infinity as alpha -> 1, so a model reaching alpha >= 1 anywhere on [n_min, M] has no
-    # maximum there. Every shipped law and acceptance model is monotone in N, so the grid (which
-    # includes both ends) sees it; N* itself is checked again below.
-    saturates = jnp.any(alpha_grid >= 1)
+    spacing = (log_m - log_n_min) / (num_grid - 1)
     leaves = jax.tree.leaves(p)
     invalid = ~(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
                 & (p.m > 0) & (p.d_target > 0)
                 & jnp.all(jnp.stack([jnp.all(x > 0) for x in jax.tree.leaves(p.recipe)] or [jnp.asarray(True)])))
     log_target_cost = jnp.log(target_alone_cost(p.cost, p.m))
-    gain = jnp.where(admissible, f_grid + log_target_cost, -jnp.inf)  # log(T / T_target)
-    k = jnp.argmax(gain)
-    no_admissible = ~jnp.any(admissible)
+    index = jnp.arange(num_grid, dtype=spacing.dtype)
+    offsets = jnp.asarray(_SHIFTS, spacing.dtype)
+
+    def refining(state):
+        sets, _, best_gain, _, _, saturates, any_admissible = state
+        # Refine only where the grid shows no speed-up: a speed-up region narrower than the
+        # spacing can lie between the points. A vmapped loop runs while any lane refines, so a
+        # batch in which every lane shows a gain evaluates the grid once.
+        undecided = ~(invalid | saturates | ~any_admissible)
+        return (sets == 0) | ((sets < len(_SHIFTS)) & undecided & (best_gain <= 0))
+
+    def grid_set(state):
+        # Set 0 is the grid; set r >= 1 is it shifted by the r-th van der Corput fraction of the
+        # spacing (1/2, 1/4, 3/4, 1/8, ...), so every 2^k sets form a grid 2^k times finer. One
+        # loop body: the model (its Lambert W included) is compiled once for all sets.
+        sets, best_u, best_gain, first_k, neighbours, saturates, any_admissible = state
+        points = jnp.minimum(log_n_min + (index + offsets[sets]) * spacing, log_m)
+        points = jnp.where((sets == 0) & (index == num_grid - 1.0), log_m, points)
+        f, alpha = jax.vmap(_log_throughput_and_acceptance, (0, None))(points, p)
+        admissible = jnp.isfinite(f)
+        gain = jnp.where(admissible, f + log_target_cost, -jnp.inf)  # log(T / T_target)
+        k = jnp.argmax(gain).astype(jnp.int32)
+        better = gain[k] > best_gain
+        first = sets == 0
+        neighbours = jnp.where(first, jnp.stack([gain[jnp.maximum(k - 1, 0)], gain[jnp.minimum(k + 1, num_grid - 1)]]),
+                               neighbours)
+        # T -> infinity as alpha -> 1, so a model reaching alpha >= 1 anywhere on [n_min, M] has
+        # no maximum there. Every shipped law and acceptance model is monotone in N, so the grid
+        # (which includes both ends) sees it; N* itself is checked again by _final_status.
+        return (sets + 1, jnp.where(better | first, points[k], best_u), jnp.maximum(gain[k], best_gain),
+                jnp.where(first, k, first_k), neighbours, saturates | jnp.any(alpha >= 1),
+                any_admissible | jnp.any(admissible))
+
+    state = (jnp.asarray(0, jnp.int32), log_n_min, jnp.asarray(-jnp.inf, spacing.dtype), jnp.asarray(0, jnp.int32),
+             jnp.full(2, -jnp.inf, spacing.dtype), jnp.asarray(False), jnp.asarray(False))
+    sets, u0, best_gain, k, (f_lo, f_hi), saturates, any_admissible = jax.lax.while_loop(refining, grid_set, state)
+    no_admissible = ~any_admissible
     # Whether drafting pays is decided at the maximum found, not on the grid: where the speed-up
     # region is narrower than the grid's spacing, every grid point can lie outside it.
     decided = invalid | saturates | no_admissible
@@ -196,20 +240,21 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
         return u_next, lo, hi, done, step + 1
 
-    u0 = grid[k]
-    lo, hi = grid[jnp.maximum(k - 1, 0)], grid[jnp.minimum(k + 1, num_grid - 1)]
-    spacing = (log_m - log_n_min) / (num_grid - 1)
-    # Newton starts at the vertex of the parabola through the grid maximum and its neighbours (where
-    # all three are admissible): on a coarse grid that saves a step for the slowest lanes, and a
-    # vmapped loop runs as many steps as its slowest lane.
-    f_lo, f_k, f_hi = gain[jnp.maximum(k - 1, 0)], gain[k], gain[jnp.minimum(k + 1, num_grid - 1)]
+    # The sets evaluated so far include a whole grid of spacing h: the maximum lies within h of
+    # the best point. Newton starts at the vertex of the parabola through the grid maximum and its
+    # neighbours (where no refinement ran and all three are admissible): on a coarse grid that saves
+    # a step for the slowest lanes, and a vmapped loop runs as many steps as its slowest lane.
+    h = spacing / jnp.asarray(_FINER, spacing.dtype)[sets]
+    lo, hi = jnp.maximum(u0 - h, log_n_min), jnp.minimum(u0 + h, log_m)
+    f_k = best_gain
     curvature = f_lo - 2.0 * f_k + f_hi
-    interior = (k > 0) & (k < num_grid - 1) & jnp.isfinite(f_lo) & jnp.isfinite(f_hi) & (curvature < 0)
+    interior = ((sets == 1) & (k > 0) & (k < num_grid - 1) & jnp.isfinite(f_lo) & jnp.isfinite(f_hi)
+                & (curvature < 0))
     vertex = u0 + 0.5 * spacing * (f_lo - f_hi) / jnp.where(interior, curvature, -1.0)
     start = jnp.where(interior, jnp.clip(vertex, lo, hi), u0)
     # Lanes already decided do not step: a vmapped loop runs as many steps as its slowest lane.
     u, _, _, done, steps = jax.lax.while_loop(cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32)))
-    at_lower = (k == 0) & (u - log_n_min <= 1e-3 * spacing)
+    at_lower = (u0 == log_n_min) & (u - log_n_min <= 1e-3 * h)
     # The checks at u itself (alpha < 1 there, T finite there, a speed-up there) are made by
     # _solve_flat, which evaluates the model at u once for them and for its outputs (_final_status).
     status = jnp.select(
@@ -297,8 +342,9 @@ def solve_draft_size(
       plane: acceptance-model coefficients (``AcceptancePlane``, ``LogPerplexityPlane``, ...).
       cost: cost model of an iteration (:mod:`sdsl_jax.costs`; default SDSL FLOPs).
       n_min: smallest draft size searched; the largest is M.
-      num_grid: points of the log-spaced bracketing grid. The model must be unimodal in log N
-        on the admissible part of ``[n_min, M]`` and that part must contain a grid point.
+      num_grid: points of the log-spaced bracketing grid (refined up to eight-fold where it shows
+        no speed-up). The model must be unimodal in log N on the admissible part of ``[n_min, M]``
+        and the region where drafting pays, if any, must contain a point of the refined grid.
       max_steps: cap on Newton/bisection steps.
       tol: stop when a Newton step in ``log N`` is below ``tol * (1 + |log N|)``; the error
         after that step is of order its square (default: the square root of the dtype's eps).

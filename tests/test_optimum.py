@@ -176,6 +176,31 @@ def test_a_speed_up_between_grid_points_is_found_not_reported_as_none():
     np.testing.assert_allclose(sol.n_star, fine.n_star, rtol=1e-12)
 
 
+def test_a_speed_up_beside_a_grid_point_with_none_is_found():
+    # Another posterior-like draw: drafting pays for N in about [0.18, 0.93] M, but the default
+    # grid's points there are 0.17 M (admissible, gamma* = 0: T equals the target's alone, flat)
+    # and M itself; below 0.17 M nothing is admissible. The flat grid maximum gives no direction
+    # (before: NO_SPEEDUP after 24 bisection steps towards the wrong side). The grid is refined
+    # where it shows no gain. The oracle: T on 200,001 points over the top of the interval.
+    loss = LossLaw(E=1.1798693678276224, A=230.63089113796732, B=441.60857355409917,
+                   alpha=0.2347416524142029, beta=0.2721038159300389)
+    plane = AcceptancePlane(A=-0.007015595131743395, B=0.01150102834794467, C=0.6588168397632468)
+    m, kw = 249649741.5678039, dict(d_draft=1e12, d_target=1e12, loss=loss, plane=plane)
+    target_alone = 1.0 / (2.0 * m)
+    on_grid = np.asarray(draft_throughput(np.exp(np.linspace(0.0, np.log(m), 12)), m, **kw)) / target_alone
+    assert np.all(np.isnan(on_grid[:-2])) and np.all(np.abs(on_grid[-2:] - 1) < 1e-12)
+    dense = np.geomspace(0.1 * m, m, 200_001)
+    t_dense = np.asarray(draft_throughput(dense, m, **kw))
+    sol = solve_draft_size(m, n_min=1.0, **kw)
+    assert int(sol.status) == SolveStatus.SUCCESS
+    assert float(sol.throughput) >= np.nanmax(t_dense) * (1 - 1e-12) and float(sol.throughput) > 1.1 * target_alone
+    np.testing.assert_allclose(sol.n_star, dense[np.nanargmax(t_dense)], rtol=1e-4)
+    # In a batch, the lanes that refine and those that do not answer as they do alone.
+    batch = solve_draft_size(np.array([m, 1e3 * m]), n_min=1.0, **kw)
+    assert float(batch.n_star[0]) == float(sol.n_star)
+    assert float(batch.n_star[1]) == float(solve_draft_size(1e3 * m, n_min=1.0, **kw).n_star)
+
+
 @pytest.mark.parametrize("c", [1.0, 1.5, 2.0])
 def test_acceptance_reaching_one_inside_the_interval_is_not_a_success(c):
     # alpha(N = M) = (A + B) x + C >= 1 here: T grows without bound towards alpha = 1, so there is
