@@ -7,10 +7,11 @@ docs/theory.md, section 4]. ``N* = argmax_N T`` is solved in ``u = log N`` as th
 
 1. a log-spaced grid over ``[n_min, M]`` (vectorised) locates the bracket of the maximum and
    detects the failure modes it can see (no admissible draft, acceptance reaching 1); where no
-   grid point shows a speed-up, shifted copies of the grid refine it up to eight-fold until one
-   does (a speed-up region can lie between grid points, and a flat maximum where gamma* = 0 gives
-   no direction). Whether drafting pays, and whether the maximum sits at the lower bound, are
-   decided at the maximum found;
+   grid point shows a speed-up, or the grid shows more than one maximum, shifted copies of the
+   grid refine it up to eight-fold (a speed-up region can lie between grid points, a flat maximum
+   where gamma* = 0 gives no direction, and a recipe tying D to N can give T two peaks). Whether
+   drafting pays, and whether the maximum sits at the lower bound, are decided at the maximum
+   found;
 2. safeguarded Newton on ``g`` inside the bracket, from the vertex of the parabola through the
    grid maximum and its two neighbours (``g'`` by autodiff; a bisection step whenever the Newton
    step leaves the bracket or lands where the model is inadmissible), until the step is below
@@ -161,6 +162,7 @@ def _van_der_corput(r: int) -> float:
 # Grid shifts: the grid and 7 refinements (a grid 8 times finer), tried only where no speed-up shows.
 _SHIFTS = tuple(_van_der_corput(r) for r in range(8))
 # After s sets (s >= 1), the points include a whole grid 2^floor(log2 s) times finer.
+_FLAT = 1e-12  # changes in log T below this between grid points are rounding, not a rise or a fall
 _FINER = (1,) + tuple(2 ** (s.bit_length() - 1) for s in range(1, len(_SHIFTS) + 1))
 
 
@@ -178,24 +180,31 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     offsets = jnp.asarray(_SHIFTS, spacing.dtype)
 
     def refining(state):
-        sets, _, best_gain, _, _, saturates, any_admissible = state
-        # Refine only where the grid shows no speed-up: a speed-up region narrower than the
-        # spacing can lie between the points. A vmapped loop runs while any lane refines, so a
-        # batch in which every lane shows a gain evaluates the grid once.
+        sets, _, best_gain, _, _, saturates, any_admissible, several_maxima = state
+        # Refine only where the grid shows no speed-up (a speed-up region narrower than the
+        # spacing can lie between the points) or more than one maximum (a draft recipe that ties
+        # D to N can make the loss, and so T, rise again in N: the grid's best point may sit on
+        # the lower peak). A vmapped loop runs while any lane refines, so a batch in which every
+        # lane shows one maximum with a gain evaluates the grid once.
         undecided = ~(invalid | saturates | ~any_admissible)
-        return (sets == 0) | ((sets < len(_SHIFTS)) & undecided & (best_gain <= 0))
+        return (sets == 0) | ((sets < len(_SHIFTS)) & undecided & ((best_gain <= 0) | several_maxima))
 
     def grid_set(state):
         # Set 0 is the grid; set r >= 1 is it shifted by the r-th van der Corput fraction of the
         # spacing (1/2, 1/4, 3/4, 1/8, ...), so every 2^k sets form a grid 2^k times finer. One
         # loop body: the model (its Lambert W included) is compiled once for all sets.
-        sets, best_u, best_gain, first_k, neighbours, saturates, any_admissible = state
+        sets, best_u, best_gain, first_k, neighbours, saturates, any_admissible, several_maxima = state
         points = jnp.minimum(log_n_min + (index + offsets[sets]) * spacing, log_m)
         points = jnp.where((sets == 0) & (index == num_grid - 1.0), log_m, points)
         f, alpha = jax.vmap(_log_throughput_and_acceptance, (0, None))(points, p)
         admissible = jnp.isfinite(f)
         gain = jnp.where(admissible, f + log_target_cost, -jnp.inf)  # log(T / T_target)
         k = jnp.argmax(gain).astype(jnp.int32)
+        # Falls then rises again (an inadmissible gap counts as a fall): more than one maximum.
+        # The margin keeps rounding on a flat stretch (gamma* = 0, T the target's alone) out.
+        step = jnp.diff(gain)
+        fell = jnp.cumsum(step < -_FLAT) > 0
+        rises_again = jnp.any((step[1:] > _FLAT) & fell[:-1])
         better = gain[k] > best_gain
         first = sets == 0
         neighbours = jnp.where(first, jnp.stack([gain[jnp.maximum(k - 1, 0)], gain[jnp.minimum(k + 1, num_grid - 1)]]),
@@ -205,11 +214,11 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         # (which includes both ends) sees it; N* itself is checked again by _final_status.
         return (sets + 1, jnp.where(better | first, points[k], best_u), jnp.maximum(gain[k], best_gain),
                 jnp.where(first, k, first_k), neighbours, saturates | jnp.any(alpha >= 1),
-                any_admissible | jnp.any(admissible))
+                any_admissible | jnp.any(admissible), several_maxima | rises_again)
 
     state = (jnp.asarray(0, jnp.int32), log_n_min, jnp.asarray(-jnp.inf, spacing.dtype), jnp.asarray(0, jnp.int32),
-             jnp.full(2, -jnp.inf, spacing.dtype), jnp.asarray(False), jnp.asarray(False))
-    sets, u0, best_gain, k, (f_lo, f_hi), saturates, any_admissible = jax.lax.while_loop(refining, grid_set, state)
+             jnp.full(2, -jnp.inf, spacing.dtype), jnp.asarray(False), jnp.asarray(False), jnp.asarray(False))
+    sets, u0, best_gain, k, (f_lo, f_hi), saturates, any_admissible, _ = jax.lax.while_loop(refining, grid_set, state)
     no_admissible = ~any_admissible
     # Whether drafting pays is decided at the maximum found, not on the grid: where the speed-up
     # region is narrower than the grid's spacing, every grid point can lie outside it.
@@ -228,16 +237,20 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         # log T, g = d log T / du and g' in one pass.
         (log_t, gu), (_, dgu) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
         # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
-        # Such a point lies on the far side of the admissible region from the grid maximum.
+        # Such a point lies on the far side of the admissible region from the grid maximum. So
+        # does a flat point (gamma* = 0, T the target's alone, g = g' = 0) where the grid showed
+        # a gain; where it showed none, a flat point is the answer: drafting does not pay.
         finite = jnp.isfinite(log_t) & jnp.isfinite(gu)
-        go_right = jnp.where(finite, gu > 0, u < u0)
+        flat = finite & (gu == 0) & (dgu == 0)
+        go_right = jnp.where(finite & ~flat, gu > 0, u < u0)
         lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
         newton = u - gu / dgu
         # Inclusive bounds: at convergence u is itself a bracket end and the step rounds to 0.
         use_newton = finite & (dgu < 0) & (newton >= lo) & (newton <= hi)
-        u_next = jnp.where(use_newton, newton, 0.5 * (lo + hi))
+        stop_flat = flat & (best_gain <= 0)
+        u_next = jnp.where(stop_flat, u, jnp.where(use_newton, newton, 0.5 * (lo + hi)))
         scale = 1.0 + jnp.abs(u)
-        done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale)
+        done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale) | stop_flat
         return u_next, lo, hi, done, step + 1
 
     # The sets evaluated so far include a whole grid of spacing h: the maximum lies within h of
@@ -343,8 +356,9 @@ def solve_draft_size(
       cost: cost model of an iteration (:mod:`sdsl_jax.costs`; default SDSL FLOPs).
       n_min: smallest draft size searched; the largest is M.
       num_grid: points of the log-spaced bracketing grid (refined up to eight-fold where it shows
-        no speed-up). The model must be unimodal in log N on the admissible part of ``[n_min, M]``
-        and the region where drafting pays, if any, must contain a point of the refined grid.
+        no speed-up or more than one maximum). The region where drafting pays, if any, must
+        contain a point of the refined grid, and where T has several maxima the highest is found
+        only if the refined grid ranks them right (a peak narrower than its spacing can be missed).
       max_steps: cap on Newton/bisection steps.
       tol: stop when a Newton step in ``log N`` is below ``tol * (1 + |log N|)``; the error
         after that step is of order its square (default: the square root of the dtype's eps).
