@@ -388,11 +388,11 @@ def solve_draft_size(
             raise ValueError(f"tol must be in (0, 1) (a relative step in log N), got {tol!r}")
 
     leaves, treedef = jax.tree.flatten(problem)
-    leaves = as_float(*leaves)
+    leaves = as_float(*leaves, host=True)
     dtype = leaves[0].dtype
     if tol is None:
         tol = float(np.finfo(dtype).eps) ** 0.5
-    return _solve_broadcast(jax.tree.unflatten(treedef, leaves), jnp.asarray(n_min, dtype), num_grid=num_grid,
+    return _solve_broadcast(jax.tree.unflatten(treedef, leaves), np.asarray(n_min, dtype), num_grid=num_grid,
                             max_steps=max_steps, tol=tol)
 
 
@@ -499,7 +499,7 @@ def draft_size_gradient(
                              f"at index {tuple(int(i) for i in np.argwhere(bad)[0])}")
     problem = _checked_problem(m_target, d_target, d_draft, recipe, loss, plane, cost)
     leaves, treedef = jax.tree.flatten(problem)
-    leaves = as_float(n_star, *leaves)
+    leaves = as_float(n_star, *leaves, host=True)
     return _gradient_broadcast(leaves[0], jax.tree.unflatten(treedef, leaves[1:]))
 
 
