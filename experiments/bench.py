@@ -9,6 +9,9 @@ Sections:
   draft_size  N* for 10,000 target sizes in one vectorised call against a Python loop of
               scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
               (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.
+  forms       N* against a brute-force grid of T for every loss-law family, acceptance model, draft
+              recipe and cost (coefficients fitted to the shipped ladder, jittered per target):
+              statuses, faults (a solve below the best T, a gain missed), time of both.
   fit         the loss-law fit from the Epoch replication's 4,500 starts (multi-start optax L-BFGS)
               against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
               subset of the same starts: time per start and both optima.
@@ -46,12 +49,14 @@ import jax
 from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_break_acceptance, bench_calibration, bench_effect_sides,
                                               bench_loss_law_fit, bench_nuts_geometry, bench_nuts_reuse)
-from experiments.benchmarks.numerics import bench_draft_size, bench_lambertw, machine_description
+from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
+                                             machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
 from experiments.runlog import run_command, write_json
 
 
-SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "fit": bench_loss_law_fit,
+SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms": bench_draft_size_forms,
+            "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
             "effects": bench_effect_sides, "breaks": bench_break_acceptance,
             "decoding": bench_decoding, "scaling": bench_scaling}
@@ -64,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only these sections")
     parser.add_argument("--points", type=int, default=1_000_000, help="Lambert W points per branch (default 1e6)")
     parser.add_argument("--targets", type=int, default=10_000, help="target sizes for N* (default 10,000)")
+    parser.add_argument("--form-targets", type=int, default=200,
+                        help="targets per combination in the forms section (default 200)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     parser.add_argument("--scipy-starts", type=int, default=100,
                         help="Epoch starts the SciPy loop is timed on (all 4,500 take ~9 minutes; default 100)")
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scaling_parts.split(",")) - set(SCALING_PARTS))
     if unknown:
         parser.error(f"--scaling-parts: unknown table(s) {unknown}; choose from {','.join(SCALING_PARTS)}")
-    for name in ("points", "targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets",
+    for name in ("points", "targets", "form_targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets",
                  "effect_seeds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -96,6 +103,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_lambertw(args.points, args.repeats)
         elif name == "draft_size":
             results += bench_draft_size(args.targets, args.repeats)
+        elif name == "forms":
+            results += bench_draft_size_forms(args.form_targets, args.repeats)
         elif name == "fit":
             results += bench_loss_law_fit(args.scipy_starts, args.repeats)
         elif name == "decoding":

@@ -4,6 +4,7 @@ against mpmath; and the timing helpers every section uses.
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import time
@@ -16,7 +17,7 @@ import scipy
 import scipy.special
 
 from experiments import numpy_reference
-from sdsl_jax import HOFFMANN2022, SDSL2026, lambertw, solve_draft_size
+from sdsl_jax import HOFFMANN2022, SDSL2026, SolveStatus, lambertw, solve_draft_size
 
 
 def machine_description() -> str:
@@ -149,3 +150,70 @@ def bench_draft_size(targets: int, repeats: int) -> list[dict]:
             compile_s=compile_s, max_rel_err_jax=err_jax, max_rel_err_scipy=err_scipy,
         )
     ]
+
+
+def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_points: int = 4001) -> list[dict]:
+    """N* against brute force for every (loss-law family, acceptance model, draft recipe, cost).
+
+    Each family and acceptance model is fitted to the shipped ladder (``fits/ladder``; point fits from
+    every 20th start), its coefficients jittered per target (laws: log-normal, sd 0.2; acceptance:
+    relative sd 0.05), targets log-uniform in [3e4, 1e8]. The alternative: T on ``brute_points``
+    log-spaced draft sizes per target in one vectorised call. A fault is a SUCCESS whose T is more than
+    1e-9 below the brute-force best, or a failure status (no admissible draft, no speed-up, not
+    converged) where the brute force finds a gain and acceptance stays below 1. Times: medians of
+    ``repeats`` warm calls per combination, summed.
+    """
+    from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, AllPositionsFlops, FixedCompute, FixedTokens,
+                          LatencyCost, TokensPerParameter, draft_acceptance, draft_throughput, fit_acceptance_plane,
+                          fit_loss_law, load_acceptance, load_pretraining, target_alone_throughput)
+
+    runs, pairs = load_pretraining("fits/ladder/pretraining.csv"), load_acceptance("fits/ladder/acceptance.csv")
+    logs = (np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))
+    laws = {f.name: fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=f, starts=f.starts(*logs)[::20]).law
+            for f in FAMILIES.values() if f.name != "data"}  # the data-only law has no N term: no N*
+    planes = {m.name: fit_acceptance_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha,
+                                           weights=pairs.regression_weights(), model=m).plane
+              for m in ACCEPTANCE_MODELS.values()}
+    recipes = {"fixed D": FixedTokens(1e7), "20 tokens/param": TokensPerParameter(20.0),
+               "fixed compute": FixedCompute(1e13)}
+    costs = {"SDSL FLOPs": SDSL_FLOPS, "all positions": AllPositionsFlops(),
+             "latency": LatencyCost(draft_fixed=1e-4, draft_per_param=2e-10, verify_fixed=2e-4, verify_per_param=2e-10,
+                                    verify_per_token=3e-12)}
+    rng = np.random.default_rng(seed)
+    statuses, faults, worst, t_solve, t_brute, rows = np.zeros(7, int), 0, 0.0, 0.0, 0.0, []
+    for (law_name, law), (plane_name, plane), (recipe_name, recipe), (cost_name, cost) in itertools.product(
+            laws.items(), planes.items(), recipes.items(), costs.items()):
+        loss = law._replace(**{f: np.asarray(v) * np.exp(rng.normal(0.0, 0.2, targets)) for f, v in law._asdict().items()})
+        acc = plane._replace(**{f: np.asarray(v) * (1 + rng.normal(0.0, 0.05, targets)) for f, v in plane._asdict().items()})
+        m = np.exp(rng.uniform(np.log(3e4), np.log(1e8), targets))
+        kw = dict(d_target=1e7, recipe=recipe, loss=loss, plane=acc, cost=cost)
+        grid = np.exp(np.linspace(0.0, 1.0, brute_points)[:, None] * np.log(m)[None, :])
+        sol = solve_draft_size(m, n_min=1.0, **kw)
+        t = np.asarray(draft_throughput(grid, m, **kw))
+        t_solve += median_time(lambda: solve_draft_size(m, n_min=1.0, **kw).n_star.block_until_ready(), repeats)
+        t_brute += median_time(lambda: draft_throughput(grid, m, **kw).block_until_ready(), repeats)
+        best = np.max(np.where(np.isfinite(t), t, -np.inf), axis=0)
+        alone = np.asarray(target_alone_throughput(cost, m))
+        saturates = np.any(np.asarray(draft_acceptance(grid, m, d_target=1e7, recipe=recipe, loss=loss, plane=acc)) >= 1,
+                           axis=0)
+        status, found = np.asarray(sol.status), np.asarray(sol.throughput)
+        below = (status == 0) & (found < best * (1 - 1e-9))
+        missed = np.isin(status, [1, 2, 4]) & (best > alone * (1 + 1e-9)) & ~saturates
+        statuses += np.bincount(status, minlength=7)
+        faults += int(below.sum() + missed.sum())
+        if below.any():
+            worst = max(worst, float(np.max(1 - found[below] / best[below])))
+        if below.any() or missed.any():
+            rows.append(f"{law_name}, {plane_name}, {recipe_name}, {cost_name}: {int(below.sum())} below the best, "
+                        f"{int(missed.sum())} gains missed")
+    total = int(statuses.sum())
+    print(f"N* against brute force ({brute_points} points per target), {len(laws)} laws x {len(planes)} acceptance models"
+          f" x {len(recipes)} recipes x {len(costs)} costs x {targets} targets = {total}: statuses "
+          + ", ".join(f"{SolveStatus(k).name} {n}" for k, n in enumerate(statuses) if n)
+          + f"; faults {faults} ({faults / total:.2%}), largest shortfall in T {worst:.1%}; "
+          f"time: solver {t_solve:.2f} s, brute force {t_brute:.2f} s ({t_brute / t_solve:.1f}x)", flush=True)
+    for row in rows:
+        print("  " + row, flush=True)
+    return [dict(name="draft_size_forms", n=total, jax_s=t_solve, baseline_s=t_brute, speedup=t_brute / t_solve,
+                 statuses={SolveStatus(k).name: int(n) for k, n in enumerate(statuses)}, faults=faults,
+                 largest_shortfall=worst, fault_rows=rows, seed=seed)]
