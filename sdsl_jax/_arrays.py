@@ -8,7 +8,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 
-def as_float(*xs: ArrayLike, host: bool = False) -> tuple[jax.Array, ...]:
+def as_float(*xs: ArrayLike, host: bool = False) -> tuple[jax.Array | np.ndarray, ...]:
     """Convert to arrays of one common floating dtype.
 
     Floating inputs decide the dtype (float32 stays float32; Python floats are weak and follow

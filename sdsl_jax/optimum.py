@@ -159,11 +159,12 @@ def _van_der_corput(r: int) -> float:
     return fraction
 
 
-# Grid shifts: the grid and 7 refinements (a grid 8 times finer), tried only where no speed-up shows.
+# Grid shifts: the grid and 7 refinements (a grid 8 times finer), run only where the grid shows no
+# speed-up or more than one maximum.
 _SHIFTS = tuple(_van_der_corput(r) for r in range(8))
 # After s sets (s >= 1), the points include a whole grid 2^floor(log2 s) times finer.
-_FLAT = 1e-12  # changes in log T below this between grid points are rounding, not a rise or a fall
 _FINER = (1,) + tuple(2 ** (s.bit_length() - 1) for s in range(1, len(_SHIFTS) + 1))
+_FLAT = 1e-12  # changes in log T below this between grid points are rounding, not a rise or a fall
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
@@ -210,8 +211,9 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         neighbours = jnp.where(first, jnp.stack([gain[jnp.maximum(k - 1, 0)], gain[jnp.minimum(k + 1, num_grid - 1)]]),
                                neighbours)
         # T -> infinity as alpha -> 1, so a model reaching alpha >= 1 anywhere on [n_min, M] has
-        # no maximum there. Every shipped law and acceptance model is monotone in N, so the grid
-        # (which includes both ends) sees it; N* itself is checked again by _final_status.
+        # no maximum there. At a fixed D every shipped law and acceptance model is monotone in N,
+        # so the grid (which includes both ends) sees it; a recipe tying D to N can break that,
+        # and N* itself is checked again by _final_status.
         return (sets + 1, jnp.where(better | first, points[k], best_u), jnp.maximum(gain[k], best_gain),
                 jnp.where(first, k, first_k), neighbours, saturates | jnp.any(alpha >= 1),
                 any_admissible | jnp.any(admissible), several_maxima | rises_again)
