@@ -183,8 +183,8 @@ def test_a_speed_up_beside_a_grid_point_with_none_is_found():
     # Another posterior-like draw: drafting pays for N in about [0.18, 0.93] M, but the default
     # grid's points there are 0.17 M (admissible, gamma* = 0: T equals the target's alone, flat)
     # and M itself; below 0.17 M nothing is admissible. The flat grid maximum gives no direction
-    # (before: NO_SPEEDUP after 24 bisection steps towards the wrong side). The grid is refined
-    # where it shows no gain. The oracle: T on 200,001 points over the top of the interval.
+    # (bisecting from it alone goes the wrong way and ends at "no speed-up"), so the grid is
+    # refined where it shows no gain. The oracle: T on 200,001 points over the top of the interval.
     loss = LossLaw(E=1.1798693678276224, A=230.63089113796732, B=441.60857355409917,
                    alpha=0.2347416524142029, beta=0.2721038159300389)
     plane = AcceptancePlane(A=-0.007015595131743395, B=0.01150102834794467, C=0.6588168397632468)
@@ -207,8 +207,9 @@ def test_a_speed_up_beside_a_grid_point_with_none_is_found():
 def test_no_speed_up_anywhere_is_reported_as_such_not_as_not_converged():
     # Under the arithmetic count (Leviathan et al.'s: the target pays for all gamma + 1
     # positions) drafting never pays: every admissible draft has gamma* = 0 and T exactly the
-    # target's alone, a flat stretch with no slope to follow. Before, bisection from the flat grid
-    # maximum walked off the admissible region (NOT_CONVERGED at M = 1e10, n_min = 1).
+    # target's alone, a flat stretch with no slope to follow: bisection from the flat grid maximum
+    # can walk off the admissible region (NOT_CONVERGED at M = 1e10, n_min = 1) unless the flat
+    # point is taken as the answer where the refined grid shows no gain.
     from sdsl_jax.costs import AllPositionsFlops
 
     m, kw = 1e10, dict(d_draft=1e12, d_target=1e12, cost=AllPositionsFlops())
@@ -223,8 +224,9 @@ def test_the_higher_of_two_maxima_is_found():
     # Tokens per parameter tie D to N, so a one-break law whose data term rises before a sharp
     # break (as a point fit of the ladder can be) makes T rise again in N: two maxima, 1.415x at
     # N ~ 1.6e4 and 1.338x at 7.1e4, with inadmissible drafts between. The default grid sees the
-    # gap and its best point is on the lower peak (before: N* 7.14e4, 5% below the best T). The
-    # grid is refined where it shows more than one maximum. Oracle: T on 400,001 points.
+    # gap and its best point is on the lower peak (Newton from it finds N* 7.14e4, 5% below the
+    # best T), so the grid is refined where it shows more than one maximum. Oracle: T on 400,001
+    # points.
     law = BrokenPowerLaw(E=1.2420519462740367, A=121.09425990287546, alpha=0.4584123623900086,
                          B=1.4287842068015147e-39, beta=-6.820024793170105, D_break=573285.6094935755,
                          c=9.866087684278373, f=6.861709534537705e-155)
