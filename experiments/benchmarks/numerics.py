@@ -180,7 +180,7 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
              "latency": LatencyCost(draft_fixed=1e-4, draft_per_param=2e-10, verify_fixed=2e-4, verify_per_param=2e-10,
                                     verify_per_token=3e-12)}
     rng = np.random.default_rng(seed)
-    statuses, faults, worst, t_solve, t_brute, rows = np.zeros(7, int), 0, 0.0, 0.0, 0.0, []
+    statuses, faults, worst, t_solve, t_brute, rows = np.zeros(len(SolveStatus), int), 0, 0.0, 0.0, 0.0, []
     for (law_name, law), (plane_name, plane), (recipe_name, recipe), (cost_name, cost) in itertools.product(
             laws.items(), planes.items(), recipes.items(), costs.items()):
         loss = law._replace(**{f: np.asarray(v) * np.exp(rng.normal(0.0, 0.2, targets)) for f, v in law._asdict().items()})
@@ -197,9 +197,10 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
         saturates = np.any(np.asarray(draft_acceptance(grid, m, d_target=1e7, recipe=recipe, loss=loss, plane=acc)) >= 1,
                            axis=0)
         status, found = np.asarray(sol.status), np.asarray(sol.throughput)
-        below = (status == 0) & (found < best * (1 - 1e-9))
-        missed = np.isin(status, [1, 2, 4]) & (best > alone * (1 + 1e-9)) & ~saturates
-        statuses += np.bincount(status, minlength=7)
+        below = (status == SolveStatus.SUCCESS) & (found < best * (1 - 1e-9))
+        gave_up = [SolveStatus.NO_ADMISSIBLE_DRAFT, SolveStatus.NO_SPEEDUP, SolveStatus.NOT_CONVERGED]
+        missed = np.isin(status, gave_up) & (best > alone * (1 + 1e-9)) & ~saturates
+        statuses += np.bincount(status, minlength=len(SolveStatus))
         faults += int(below.sum() + missed.sum())
         if below.any():
             worst = max(worst, float(np.max(1 - found[below] / best[below])))
