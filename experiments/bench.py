@@ -29,6 +29,9 @@ Sections:
               closure's refit without the smallest size).
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
               family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
+  break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
+              span of D (shipped) against a break anywhere: steps per draw, draws at the tree-depth
+              cap, ESS, draws whose loss rises with D after the break (--effect-seeds seeds each).
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
   scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
@@ -47,8 +50,9 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import (bench_break_acceptance, bench_calibration, bench_effect_sides,
-                                              bench_loss_law_fit, bench_nuts_geometry, bench_nuts_reuse)
+from experiments.benchmarks.inference import (bench_break_acceptance, bench_break_prior, bench_calibration,
+                                              bench_effect_sides, bench_loss_law_fit, bench_nuts_geometry,
+                                              bench_nuts_reuse)
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
                                              machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
@@ -59,6 +63,7 @@ SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms":
             "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
             "effects": bench_effect_sides, "breaks": bench_break_acceptance,
+            "break-prior": bench_break_prior,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
 
@@ -117,6 +122,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_effect_sides(args.effect_seeds)
         elif name == "breaks":
             results += bench_break_acceptance(args.effect_seeds)
+        elif name == "break-prior":
+            results += bench_break_prior(args.effect_seeds)
         elif name == "scaling":
             results += bench_scaling(args.repeats, args.scaling_parts.split(","))
         else:

@@ -282,7 +282,7 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
     from sdsl_jax.figures import n_star_band_figure, reliability_figure
-    from sdsl_jax.loss_laws import EXPONENT_PRIOR, FAMILIES
+    from sdsl_jax.loss_laws import FAMILIES, prior_key
     from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
     from sdsl_jax.validation.closure_fits import ClosureSettings
     from sdsl_jax.validation.misspecified import ladder_processes, summarize_closures, synthetic_closure
@@ -324,7 +324,7 @@ def _misspecified(args, command: str) -> dict | None:
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),
                  target_accept={name: FAMILIES[name].target_accept for name in stack[0]},
-                 exponent_prior=list(EXPONENT_PRIOR),
+                 **prior_key(FAMILIES[name] for name in stack[0]),
                  **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)

@@ -35,7 +35,7 @@ from experiments.fit_outputs import (data_record, latency_record, log_diagnostic
 from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, make_output_folder,
                                run_command, run_header, write_json)
 from sdsl_jax import ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, status_message
-from sdsl_jax.loss_laws import EXPONENT_PRIOR
+from sdsl_jax.loss_laws import prior_key
 from sdsl_jax.recipes import RECIPES
 from sdsl_jax.store import StageStore, content_digest
 
@@ -178,7 +178,7 @@ def fit_and_predict(args, inputs: Inputs, log):
     fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
                        drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
                        seed=args.seed, law=family.name, target_accept=family.target_accept,
-                       acceptance_model=acceptance_model.name, exponent_prior=list(EXPONENT_PRIOR))
+                       acceptance_model=acceptance_model.name, **prior_key([family]))
     # One flag for both kinds of grouped effects; None: each where its data identify it.
     run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:
@@ -223,7 +223,10 @@ def fit_and_predict(args, inputs: Inputs, log):
                 recipe=recipe, cost=cost, num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws,
                 retries=args.reruns, seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
                 stages_for=lambda name: StageStore(os.path.join(args.out, "forms", name), resume=args.resume,
-                                                   inputs=dict(fingerprint, law=name), log=log.warning),
+                                                   inputs=dict(fingerprint, law=name,
+                                                               target_accept=FAMILIES[name].target_accept,
+                                                               **prior_key([FAMILIES[name]])),
+                                                   log=log.warning),
                 log=log)
     grid_sol, named_sol, line = result.prediction.grid, result.prediction.named, result.prediction.linear_law
     failed = int(np.sum(np.asarray(grid_sol.status) != 0))

@@ -22,6 +22,8 @@ the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and 
 * ``target_accept``: NUTS's target acceptance for this family's posterior (0.9; the one-break law's
   0.99: its break is sharp, f about 0.2 in ln D on the ladder, and the curvature there made NUTS
   diverge at 0.9 in most refits, ``docs/benchmarks.md``).
+* ``prior_revision``: raised whenever the family's prior changes, so that stored posteriors and
+  calibration units are keyed by the prior they were sampled under (:func:`prior_key`).
 
 Shipped families (``FAMILIES`` maps their names to them):
 
@@ -57,6 +59,7 @@ __all__ = [
     "DataLaw",
     "LossLawFamily",
     "DataCentre",
+    "prior_key",
     "CHINCHILLA",
     "KAPLAN",
     "BROKEN_POWER_LAW",
@@ -83,7 +86,9 @@ def _positive_inputs(n_params: ArrayLike, n_tokens: ArrayLike, law) -> tuple[jax
 
 
 class DataCentre(NamedTuple):
-    """Where a family's priors place its terms: the data's mean log N and mean log D.
+    """Where a family's priors place its terms: the data's mean log N and mean log D, and the span
+    of log D (``log_d_low``, ``log_d_high``: smallest and largest) for a feature that must lie
+    inside the data, such as the one-break law's break.
 
     A power-law term ``A / N^alpha`` written at ``N = 1`` puts its coefficient decades away from
     the data, on a ridge with the exponent (``log A = log(A / N_ref^alpha) + alpha log N_ref``):
@@ -94,10 +99,13 @@ class DataCentre(NamedTuple):
 
     log_n: ArrayLike
     log_d: ArrayLike
+    log_d_low: ArrayLike = float("nan")
+    log_d_high: ArrayLike = float("nan")
 
     @classmethod
     def of(cls, log_n: ArrayLike, log_d: ArrayLike) -> "DataCentre":
-        return cls(jnp.mean(jnp.asarray(log_n)), jnp.mean(jnp.asarray(log_d)))
+        log_d = jnp.asarray(log_d)
+        return cls(jnp.mean(jnp.asarray(log_n)), jnp.mean(log_d), jnp.min(log_d), jnp.max(log_d))
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,14 +373,31 @@ def _broken_grid(log_n, log_d, log_loss):
 
 def _broken_prior(centre: DataCentre):
     """Chinchilla's priors for (a, b, e, alpha, beta) (:func:`_power_terms_prior`, the D term's
-    size stated before its break); ``log D_break ~ Normal(18, 6)`` (a break
-    anywhere between 1e3 and 1e13 tokens at 95%), ``c ~ Normal(0, 1)`` (the change of slope),
-    ``log f ~ Normal(0, 1)`` (sharpness)."""
+    size stated before its break), and the break inside the data's span of D:
+
+    * ``break_logit ~ Normal(0, 1.5)``: where the break lies between the smallest and largest
+      log D of the data (``log_d_low``, ``log_d_high`` of :class:`DataCentre`), on the logit scale:
+      ``log D_break = log_d_low + (log_d_high - log_d_low) sigmoid(break_logit)`` (recorded as the
+      deterministic site ``log_d_break``), 95% between 5% and 95% of the span.
+    * ``c ~ Normal(0, 1)``: the change of slope at the break (the slope after it is ``beta + c``).
+    * ``log f ~ Normal(0, 1)``: the break's width in ln D (smaller is sharper).
+
+    Why inside: the data say nothing about a break beyond them. Beyond their largest D the law
+    is Chinchilla's wherever there are data, and ``c`` and ``f`` are the prior's alone, yet they
+    set every extrapolation in D; below their smallest D, ``B``, ``c``, ``f`` and ``D_break``
+    trade off along a ridge. On the factorial ladder a break anywhere (``log D_break ~
+    Normal(18, 6)``) put 83-98% of the posterior's draws at NUTS's maximum tree depth, 13-19% of
+    them with a data term that rises with D after the break; inside the span, half the steps per
+    draw, 7-33% at the cap and 1-3% rising (``docs/benchmarks.md``). A law whose break lies beyond
+    the data is Chinchilla's there, and Chinchilla's law is stacked beside this one.
+    """
     import numpyro
     import numpyro.distributions as dist
 
     a, b, e, alpha, beta = _power_terms_prior(centre)
-    log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
+    position = numpyro.sample("break_logit", dist.Normal(0.0, 1.5))
+    log_db = numpyro.deterministic(
+        "log_d_break", centre.log_d_low + (centre.log_d_high - centre.log_d_low) * jax.nn.sigmoid(position))
     c = numpyro.sample("c", dist.Normal(0.0, 1.0))
     log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
     return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
@@ -448,6 +473,7 @@ class LossLawFamily:
     min_sizes: int = 0
     min_budgets: int = 0
     target_accept: float = 0.9
+    prior_revision: int = 0
 
     def log_prediction(self, theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
         """log L at ``theta``: the family's stable form, else ``log(law.loss(N, D))``."""
@@ -481,13 +507,22 @@ BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
     description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)",
-    min_sizes=3, min_budgets=6, target_accept=0.99)
+    min_sizes=3, min_budgets=6, target_accept=0.99, prior_revision=1)
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,
     description="E + B/D^beta (no model-size term)", min_budgets=3)
 
 FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BROKEN_POWER_LAW, DATA_ONLY)}
+
+
+def prior_key(families) -> dict:
+    """The priors of ``families`` as a part of a stored result's key (JSON-ready): the exponents'
+    prior (:data:`EXPONENT_PRIOR`) and each family's ``prior_revision`` where it has one, so a
+    posterior, closure or calibration unit sampled under other priors is never reused as this one's.
+    Revision 0 (a family's original prior) adds nothing: its key is the exponents' prior alone."""
+    revisions = {f.name: f.prior_revision for f in families if f.prior_revision}
+    return dict(exponent_prior=list(EXPONENT_PRIOR), **(dict(prior_revisions=revisions) if revisions else {}))
 """The shipped loss-law families by name (the CLIs' ``--law`` choices)."""
 
 

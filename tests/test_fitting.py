@@ -186,15 +186,19 @@ def test_each_family_states_its_priors_at_the_data_centre_and_returns_theta(name
             theta = family.prior(centre)
         return theta, trace
 
-    theta, trace = draw(DataCentre(13.0, 16.0))
+    theta, trace = draw(DataCentre(13.0, 16.0, 14.0, 18.0))
     np.testing.assert_allclose(theta, [trace[n]["value"] for n in family.theta_names])
-    moved, _ = draw(DataCentre(20.0, 24.0))  # same draws, another centre
+    moved, _ = draw(DataCentre(20.0, 24.0, 22.0, 26.0))  # same draws, another centre and span of D
     sampled = [n for n in family.theta_names if trace[n]["type"] == "sample"]
     np.testing.assert_allclose([moved[family.theta_names.index(n)] for n in sampled],
                                [theta[family.theta_names.index(n)] for n in sampled])
     if name in ("chinchilla", "broken"):
         i, alpha = family.theta_names.index("a"), theta[family.theta_names.index("alpha")]
         np.testing.assert_allclose(moved[i] - theta[i], alpha * 7.0, rtol=1e-12)  # a = a_ref + alpha log N_ref
+    if name == "broken":  # the break moves with the data's span of D and stays inside it
+        i = family.theta_names.index("log_d_break")
+        np.testing.assert_allclose(moved[i] - theta[i], 8.0, rtol=1e-12)
+        assert 14.0 < theta[i] < 18.0
 
 
 def test_a_direction_that_does_not_descend_is_not_searched():

@@ -201,3 +201,29 @@ def test_the_sbc_command_refuses_what_it_cannot_run(args, fragment, tmp_path, ca
     assert calibration.main([str(out) if a == "OUT" else a for a in args]) == 2
     assert fragment in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_one_break_laws_simulated_breaks_lie_inside_the_designs_span_of_d():
+    """The break the data can say something about: every prior draw of the one-break law's break
+    lies between the design's smallest and largest D."""
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW
+
+    n = np.repeat([2e4, 5e4, 1e5, 3e5], 6)
+    d = np.tile(np.geomspace(6e5, 1e7, 6), 4)
+    model, args = loss_law_numpyro_model(BROKEN_POWER_LAW, n, d)
+    truths, _ = prior_datasets(model, args, obs_site="log_loss", sites=("log_d_break",), count=400, seed=0)
+    breaks = truths["log_d_break"]
+    assert (breaks > np.log(6e5)).all() and (breaks < np.log(1e7)).all()
+    assert breaks.min() < np.log(6e5) + 0.5 and breaks.max() > np.log(1e7) - 0.5  # the whole span, not its middle
+
+
+def test_a_study_under_a_revised_prior_is_another_study():
+    """An SBC study's key names the priors (``prior_key``): the one-break law's revised prior keys
+    apart from the exponents' prior alone, which is every unrevised family's key."""
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, EXPONENT_PRIOR, prior_key
+    from sdsl_jax.validation.calibration import _sampler_study
+
+    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
+    assert prior_key([CHINCHILLA]) == dict(exponent_prior=list(EXPONENT_PRIOR))
+    broken, chinchilla = (_sampler_study(**settings, families=(f,)) for f in (BROKEN_POWER_LAW, CHINCHILLA))
+    assert broken != chinchilla and broken["prior_revisions"] == {"broken": BROKEN_POWER_LAW.prior_revision}

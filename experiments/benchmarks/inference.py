@@ -279,6 +279,60 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
     return rows
 
 
+def _break_anywhere(centre):
+    """The one-break law's priors with the break anywhere, ``log D_break ~ Normal(18, 6)`` (1e3 to
+    1e13 tokens at 95%), whatever the data's span: the alternative the shipped prior (the break
+    inside the data's span of D) is measured against."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from sdsl_jax.loss_laws import _power_terms_prior
+
+    a, b, e, alpha, beta = _power_terms_prior(centre)
+    log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
+    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
+    log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
+    return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
+
+
+def bench_break_prior(seeds: int = 2) -> list[dict]:
+    """The one-break law's posterior on the factorial ladder (run effects, 4 x (500 + 500), target
+    acceptance 0.99, no reruns) with its break inside the data's span of D (shipped) against a break
+    anywhere: steps per draw, draws at the tree-depth cap, ESS, R-hat, and the share of draws whose
+    data term rises with D after the break (``beta + c < 0``), for ``seeds`` seeds each."""
+    import dataclasses
+
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW
+
+    runs = load_pretraining("fits/ladder/pretraining.csv")
+    run = runs.run_index()[0]
+    variants = (("break anywhere", dataclasses.replace(BROKEN_POWER_LAW, prior=_break_anywhere)),
+                ("break inside the data's span", BROKEN_POWER_LAW))
+    result = {}
+    for side, family in variants:
+        infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run, num_chains=4,
+                              num_warmup=20, num_samples=20, progress_bar=False, retries=0)  # compiles
+        records = []
+        for seed in range(seeds):
+            start = time.perf_counter()
+            out = infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run, seed=seed,
+                                        num_chains=4, num_warmup=500, num_samples=500, progress_bar=False, retries=0)
+            rising = float(np.mean(out.samples["beta"] + out.samples["c"] < 0))
+            records.append(dict(_geometry_record(f"one-break law, {side}, seed {seed}", out,
+                                                 time.perf_counter() - start), seed=seed, rising_after_break=rising))
+            print(f"  draws whose data term rises with D after the break: {rising:.1%}", flush=True)
+        result[side] = records
+    old, new = (result[side] for side, _ in variants)
+    ratio = float(np.median([o["median_steps"] for o in old]) / np.median([n["median_steps"] for n in new]))
+    print(f"one-break law: {ratio:.1f}x fewer steps per draw (median over seeds) with the break inside the data",
+          flush=True)
+    return [dict(name="one-break law break prior", seeds=seeds, break_anywhere=old, break_inside_span=new,
+                 steps_ratio=ratio)]
+
+
 def bench_break_acceptance(seeds: int = 3) -> list[dict]:
     """The one-break law's posterior on the ladder (run effects, 4 x (500 + 500), no reruns) at NUTS's
     default target acceptance 0.9 against the family's 0.99, on all runs and without the 74k size

@@ -54,7 +54,7 @@ def _group_index(index: ArrayLike, shape: tuple, message: str) -> np.ndarray:
     return index
 
 
-DATA_CENTRE_KEYS = ("centre_log_n", "centre_log_d")
+DATA_CENTRE_KEYS = ("centre_log_n", "centre_log_d", "low_log_d", "high_log_d")
 """The entries of a loss-law posterior's samples that hold the data's centre (not sites)."""
 
 
@@ -222,7 +222,7 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
     than its coefficient at ``N = 1``), at the centre the posterior was sampled at
     (``samples["centre_log_n"]``, ``samples["centre_log_d"]``).
     """
-    centre = DataCentre(*(float(np.asarray(samples.get(k, 0.0))) for k in DATA_CENTRE_KEYS))
+    centre = DataCentre(*(float(np.asarray(samples.get(k, np.nan))) for k in DATA_CENTRE_KEYS))
     draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed), centre)
     names = _prior_sites(family, centre)
     prior = np.stack([np.asarray(draws[n]).reshape(-1) for n in names], axis=1)

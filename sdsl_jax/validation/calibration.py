@@ -38,7 +38,7 @@ import numpyro
 from scipy import stats
 
 from sdsl_jax.acceptance import SDSL2026
-from sdsl_jax.loss_laws import EXPONENT_PRIOR, LossLaw
+from sdsl_jax.loss_laws import LossLaw, prior_key
 from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
 
 __all__ = ["RankTest", "SBCResult", "prior_datasets", "rank_of_truth", "rank_uniformity", "loss_law_sbc",
@@ -190,11 +190,10 @@ def simulation_based_calibration(
     return SBCResult(tuple(sites), ranks, keep, tests, tuple(tuple(done[i]["problems"]) for i in range(datasets)))
 
 
-def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int) -> dict:
+def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int, families=()) -> dict:
     """The sampler's settings as a part of an SBC study's key (ranks under other settings are
-    another study's), with the exponents' prior (:data:`~sdsl_jax.loss_laws.EXPONENT_PRIOR`)."""
-    return dict(exponent_prior=list(EXPONENT_PRIOR), chains=num_chains, warmup=num_warmup, draws=num_samples,
-                reruns=retries)
+    another study's), with the priors (:func:`~sdsl_jax.loss_laws.prior_key` of ``families``)."""
+    return dict(**prior_key(families), chains=num_chains, warmup=num_warmup, draws=num_samples, reruns=retries)
 
 
 def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.ndarray | None = None,
@@ -225,7 +224,8 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
                               retries=retries)
         return out.samples, out.diagnostics.problems
 
-    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries)
+    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries,
+                           families=(family,))
     return simulation_based_calibration(model, args, fit, obs_site="log_loss",
                                         sites=loss_law_sites(family, run_effects=run is not None),
                                         datasets=datasets, seed=seed, keep=keep, bins=bins,

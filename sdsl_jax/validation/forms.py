@@ -14,7 +14,7 @@ import numpy as np
 from sdsl_jax import draft_throughput
 from sdsl_jax.store import StageStore, content_digest
 from sdsl_jax.forecast import bayes_decision
-from sdsl_jax.loss_laws import EXPONENT_PRIOR
+from sdsl_jax.loss_laws import prior_key
 from sdsl_jax.validation.closure import candidate_labels, decision_fields
 
 __all__ = [
@@ -43,7 +43,7 @@ class Stages:
         content = content_digest(runs, pairs)
         form = f"{family.name}+{model.name}" + ("" if prior_width == 1 else f"+priors-x{prior_width:g}")
         inputs = dict(self.settings, data=content, law=family.name, target_accept=family.target_accept,
-                      exponent_prior=list(EXPONENT_PRIOR), model=model.name,
+                      **prior_key([family]), model=model.name,
                       model_effects=None if pairs is None else list(pairs.model_effects_identified()[0]),
                       **({} if prior_width == 1 else dict(prior_width=prior_width)))
         return StageStore(os.path.join(self.folder, content[:16], form), resume=self.resume, log=self.log,
