@@ -85,6 +85,10 @@ def parse_args(argv):
                         "names of either kind; a kind not named keeps --law / --acceptance-model), weight them by "
                         "Bayesian stacking (PSIS-LOO) and score the stacked mixture; with --prospective the forms "
                         "and weights are chosen again without each left-out size")
+    p.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
+                   help="how --stack weighs the loss laws: rows (default), PSIS-LOO over the pre-training rows; "
+                        "sizes, each model size of the fit's data left out in turn and every law refitted without "
+                        "it, inside every prospective and forward refit too (nested; many posteriors per refit)")
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)
@@ -192,7 +196,7 @@ def _close(args, argv) -> int:
     settings = ClosureSettings(law=args.law, acceptance_model=args.acceptance_model, starts_every=args.starts,
                                chains=args.chains, warmup=args.warmup, draws=args.draws, propagate=args.propagate,
                                seed=args.seed, mean_only=args.mean_only, posterior=args.posterior,
-                               reruns=args.reruns)
+                               reruns=args.reruns, stack_by=args.stack_by)
     fit = fit_in_sample(runs, pairs, settings, stack=stack, stages=stages, log=log)
     records = close_loop(speculative, fit.point, draws=fit.draws, scales=fit.scales,
                          perplexities=measured_perplexities(pairs), seed=args.seed, runs=runs, pairs=pairs)
@@ -213,7 +217,7 @@ def _close(args, argv) -> int:
         fits = forward_fits(runs, pairs, targets, family=fit.point.family, model=fit.point.acceptance_model,
                             starts_every=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
                             propagate=args.propagate, seed=args.seed, stack=stack, reruns=args.reruns,
-                            stages=stages, summaries=forward_fits_record, log=log)
+                            stack_by=args.stack_by, stages=stages, summaries=forward_fits_record, log=log)
         add_forward(records, fits, seed=args.seed)
     scores = closure_scores(records)
     failed = failed_diagnostics(fit.diagnostics, prospective_weights, fit.stacking, forward_fits_record)

@@ -74,9 +74,13 @@ def parse_args(argv):
     p.add_argument("--posterior", action="store_true", help="also sample NUTS posteriors and report bands")
     p.add_argument("--stack", nargs="?", const="all", default=None, metavar="FORMS",
                    help="with --posterior: also fit the other loss-law forms (all that the data identify, or the "
-                        "comma-separated FORMS), weight the forms by Bayesian stacking of their PSIS-LOO predictive "
-                        "densities (az.loo, compare.stack) and report the bands of the stacked mixture (the point-fit columns "
-                        "stay those of --law)")
+                        "comma-separated FORMS), weight the forms by Bayesian stacking (compare.stack; --stack-by) and "
+                        "report the bands of the stacked mixture (the point-fit columns stay those of --law)")
+    p.add_argument("--stack-by", choices=("sizes", "rows"), default="sizes",
+                   help="--stack's predictive densities: sizes (default), each model size left out in turn and each "
+                        "form refitted without it (at most 10 folds of neighbouring sizes): how a form predicts a "
+                        "size it has not seen, which N* asks of it; rows, PSIS-LOO over rows (az.loo), one "
+                        "posterior per form but a score of sizes the fit has seen")
     p.add_argument("--mean-only", action="store_true",
                    help="bands of the law's mean curve only; default: posterior-predictive bands, which add the "
                         "residuals of a new draft series, a new target and a new pair (what a model you train will "
@@ -177,6 +181,7 @@ def fit_and_predict(args, inputs: Inputs, log):
     # Keyed on the content parsed (labels and weights included), never on a path read again.
     fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
                        drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
+                       reruns=args.reruns,
                        seed=args.seed, law=family.name, target_accept=family.target_accept,
                        acceptance_model=acceptance_model.name, **prior_key([family]))
     # One flag for both kinds of grouped effects; None: each where its data identify it.
@@ -222,6 +227,7 @@ def fit_and_predict(args, inputs: Inputs, log):
                 result, runs, acceptance, families=chosen, m_grid=m_grid, targets=named, d_target=args.d_target,
                 recipe=recipe, cost=cost, num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws,
                 retries=args.reruns, seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
+                weights_by=args.stack_by,
                 stages_for=lambda name: StageStore(os.path.join(args.out, "forms", name), resume=args.resume,
                                                    inputs=dict(fingerprint, law=name,
                                                                target_accept=FAMILIES[name].target_accept,

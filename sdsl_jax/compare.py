@@ -30,6 +30,8 @@ __all__ = [
     "stacking_weights",
     "acceptance_stacking_weights",
     "grouped_stacking_weights",
+    "SizeFolds",
+    "size_fold_weights",
     "stack",
     "mixture_log_density",
     "loo_log_densities",
@@ -233,6 +235,102 @@ def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
                        "at a time" + note, tuple(n for n in names if n in failed), unchecked)
 
 
+class SizeFolds(NamedTuple):
+    """Grouped leave-one-size-out predictive densities of loss-law forms (:func:`size_fold_weights`).
+
+    Attributes:
+      weights: the stacking weights over the forms from these densities (:func:`grouped_stacking_weights`).
+      log_density: per form, the log predictive density of each row when its model size was left out
+        (rows in the data's order).
+      fold_problems: per form, the folds whose posterior failed its checks (the size left out, ``"%.6g"``,
+        or ``"first-last"`` of a group of sizes), with the checks; a form with any gets no weight.
+    """
+
+    weights: FormWeights
+    log_density: dict[str, np.ndarray]
+    fold_problems: dict[str, dict[str, list[str]]]
+
+
+def _new_runs_log_density(samples: dict, family: LossLawFamily, test: PretrainingRuns, *, seed: int) -> np.ndarray:
+    """Each held-out row's predictive log density, every run of ``test`` a new run with its own effects."""
+    from sdsl_jax.validation.holdout import new_run_log_density
+
+    labels = np.array(test.run_labels(), dtype=object)
+    out = np.empty(len(test))
+    for k, label in enumerate(dict.fromkeys(labels)):
+        rows = labels == label
+        out[rows] = new_run_log_density(samples, family, test.select(rows), seed=seed + 7919 * k)[0]
+    return out
+
+
+def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], *, num_chains: int = 4,
+                      num_warmup: int = 500, num_samples: int = 500, retries: int = 0, seed: int = 0,
+                      run_effects: bool = False, failed: Sequence[str] = (), max_folds: int = 10,
+                      stages_for: Callable[[str], StageStore | None] = lambda name: None,
+                      log: Callable[[str], None] = print) -> SizeFolds | None:
+    """Stacking weights over loss-law forms for sizes the data do not hold: grouped leave-one-size-out.
+
+    For every form and every model size (or, with more than ``max_folds`` sizes, every one of
+    ``max_folds`` groups of neighbouring sizes), the form's posterior on the other sizes (NUTS as
+    :func:`sdsl_jax.infer.sample_loss_law`, ``retries`` reruns of a fold that fails its checks)
+    and the log predictive density of the left-out rows, each of their runs a new run
+    (:func:`sdsl_jax.validation.holdout.new_run_log_density`); then Bayesian stacking of those
+    densities [Yao, Vehtari, Simpson & Gelman 2018]. Row-wise PSIS-LOO scores a form on a row of a
+    size whose other rows it has seen; a form is used here to predict sizes it has not, which only
+    leaving out a whole size measures (PSIS cannot approximate it: a size's weight is too large for
+    importance sampling). A form one of whose fold posteriors fails its checks, or named in
+    ``failed`` (its posterior on all the data failed), gets no weight (all are stacked if every
+    form fails).
+
+    ``stages_for(name)``: a :class:`~sdsl_jax.store.StageStore` per form, in which each fold's
+    densities are kept when it ends (``fold-<sizes>``), so an interrupted run resumes fold by fold.
+    Returns None when some fold's data cannot identify a form (forms are stacked only on the same
+    folds; the log says which) or there are fewer than two forms.
+    """
+    from sdsl_jax.infer import sample_loss_law
+    from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data
+
+    sizes = np.array(sorted(set(map(float, runs.n_params))))
+    groups = [g for g in np.array_split(sizes, min(max_folds, sizes.size)) if g.size]
+    labels = [f"{g[0]:.6g}" if g.size == 1 else f"{g[0]:.6g}-{g[-1]:.6g}" for g in groups]
+    masks = [~np.isin(np.asarray(runs.n_params, np.float64), group) for group in groups]
+    for family in families:  # every form on every fold, or none: forms are stacked on the same folds
+        for keep, label in zip(masks, labels):
+            train = runs.select(keep)
+            try:
+                check_loss_law_data(train.n_params, train.n_tokens, train.loss, family=family)
+            except IdentifiabilityError as err:
+                log(f"stacking by size: {family.name} cannot be fitted without size(s) {label} ({err.problem})")
+                return None
+    if len(families) < 2:
+        return None
+    density, problems = {}, {}
+    for family in families:
+        stages, rows, failed = stages_for(family.name), np.full(len(runs), np.nan), {}
+        for keep, label in zip(masks, labels):
+            train, test = runs.select(keep), runs.select(~keep)
+            stored = stages.load(f"fold-{label}") if stages is not None else None
+            if stored is None:
+                post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
+                                       run=train.run_index()[0] if run_effects else None, num_chains=num_chains,
+                                       num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
+                                       progress_bar=False)
+                stored = dict(log_density=_new_runs_log_density(post.samples, family, test, seed=seed),
+                              problems=np.array(list(post.diagnostics.problems), dtype=str))
+                if stages is not None:
+                    stages.save(f"fold-{label}", **stored)
+            rows[~keep] = stored["log_density"]
+            if len(stored["problems"]):
+                failed[label] = [str(p) for p in stored["problems"]]
+            log(f"stacking by size: {family.name} without size(s) {label}: held-out log density "
+                f"{float(np.sum(stored['log_density'])):.2f}" + (" (its posterior failed its checks)" if
+                                                                 len(stored["problems"]) else ""))
+        density[family.name], problems[family.name] = rows, failed
+    weights = grouped_stacking_weights(density, groups="model sizes",
+                                       failed=[n for n in density if problems[n] or n in failed])
+    return SizeFolds(weights, density, problems)
+
+
 def mixture_draw_indices(names: Sequence[str], weights: np.ndarray, total: int, *,
                          seed: int = 0) -> list[tuple[str, np.ndarray]]:
     """The stacked mixture's draws: ``(form, indices)`` for each form that contributes, ``round(weight x
@@ -278,9 +376,15 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
                 families: Sequence[LossLawFamily], m_grid: np.ndarray, targets: np.ndarray, d_target: float,
                 recipe: Any, cost: Any = SDSL_FLOPS, seed: int = 0,
                 stages_for: Callable[[str], StageStore | None] = lambda name: None, log: Callable[[str], None] = print,
-                **run_kwargs) -> tuple[PipelineResult, dict]:
-    """Every other identifiable form of ``families`` run as ``result`` was, all weighted by stacking
-    (:func:`stacking_weights`), and the mixture's bands put in ``result``.
+                weights_by: str = "rows", **run_kwargs) -> tuple[PipelineResult, dict]:
+    """Every other identifiable form of ``families`` run as ``result`` was, all weighted by stacking,
+    and the mixture's bands put in ``result``.
+
+    ``weights_by``: ``"sizes"``, stacking of grouped leave-one-size-out predictive densities
+    (:func:`size_fold_weights`: how each form predicts a size it has not seen, what N* for a new
+    target asks of it; each form refitted once per size), with row-wise PSIS-LOO recorded beside
+    them; ``"rows"``, stacking of row-wise PSIS-LOO densities (:func:`stacking_weights`: one
+    posterior per form, but it scores interpolation within sizes).
 
     The acceptance posterior, which does not depend on the loss law's form, is ``result``'s, shared;
     ``stages_for(name)`` gives each form its resumable stages; ``run_kwargs`` (NUTS settings, effects,
@@ -308,21 +412,44 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
             runs, acceptance, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe, family=other,
             acceptance_model=result.point.acceptance_model, cost=cost, posterior=True, seed=seed,
             stages=stages_for(other.name), plane_run=result.posterior.plane_run, log=lambda _: None, **run_kwargs)
-    weights = stacking_weights(runs, {k: r.posterior for k, r in results.items()},
+    by_rows = stacking_weights(runs, {k: r.posterior for k, r in results.items()},
                                families={k: r.point.family for k, r in results.items()})
-    for name, w, elpd, se, k in zip(weights.names, weights.weights, weights.elpd_loo, weights.elpd_se,
-                                    weights.pareto_k_max):
+    folds = None
+    if weights_by == "sizes":
+        run_effects = run_kwargs.get("run_effects")
+        folds = size_fold_weights(
+            runs, [r.point.family for r in results.values()], num_chains=run_kwargs.get("num_chains", 4),
+            num_warmup=run_kwargs.get("num_warmup", 500), num_samples=run_kwargs.get("num_samples", 500),
+            retries=run_kwargs.get("retries", 0), seed=seed, failed=by_rows.failed,
+            run_effects=pipeline.has_repeated_runs(runs) if run_effects is None else bool(run_effects),
+            stages_for=stages_for, log=log)
+        if folds is None:
+            log("stacking: the forms cannot all be fitted without each size: weights from PSIS-LOO over rows")
+    weights = by_rows if folds is None else folds.weights
+    for i, name in enumerate(weights.names):
         note = failed_form_note(name, weights.names, weights.failed)
-        log(f"stacking: {name:>10}: weight {w:.3f}, elpd_loo {elpd:.1f} (se {se:.1f}), max Pareto k {k:.2f}{note}")
+        j = by_rows.names.index(name)
+        held_out = "" if folds is None else f"held-out log density {weights.elpd_loo[i]:.1f}, "
+        log(f"stacking: {name:>10}: weight {weights.weights[i]:.3f}, {held_out}elpd_loo {by_rows.elpd_loo[j]:.1f} "
+            f"(se {by_rows.elpd_se[j]:.1f}), max Pareto k {by_rows.pareto_k_max[j]:.2f}{note}")
     grid_bands, named_bands = mixture_bands(results, weights, m_grid=m_grid, targets=targets, d_target=d_target,
                                             recipe=recipe, cost=cost, seed=seed)
     q = list(named_bands.quantiles)
+    rows_order = [by_rows.names.index(name) for name in weights.names]
     entry = dict(
         method=weights.method, forms=list(weights.names), weights=weights.weights.tolist(),
-        elpd_loo=weights.elpd_loo.tolist(), elpd_se=weights.elpd_se.tolist(),
-        pareto_k_max=weights.pareto_k_max.tolist(), skipped=skipped, failed_checks=list(weights.failed),
+        elpd_loo=by_rows.elpd_loo[rows_order].tolist(), elpd_se=by_rows.elpd_se[rows_order].tolist(),
+        pareto_k_max=by_rows.pareto_k_max[rows_order].tolist(), skipped=skipped, failed_checks=list(weights.failed),
+        **({} if folds is None else dict(
+            weights_psis_loo_rows=by_rows.weights[rows_order].tolist(),
+            held_out_log_density=weights.elpd_loo.tolist(), held_out_se=weights.elpd_se.tolist(),
+            fold_problems=folds.fold_problems)),
         meaning="the bands (targets, grid, linear law) are those of the stacked mixture of the forms' draws; the point "
-                "fit is --law's. For extrapolation to unseen sizes see experiments.holdout (grouped folds).",
+                "fit is --law's. " + ("Weights from each model size left out in turn (held_out_log_density); "
+                                      "elpd_loo and weights_psis_loo_rows are row-wise PSIS-LOO's, for comparison."
+                                      if folds is not None else
+                                      "Weights from row-wise PSIS-LOO, which scores rows of sizes the fit has seen: "
+                                      "for unseen sizes use --stack-by sizes."),
         n_star_point={name: np.asarray(r.prediction.named.n_star).tolist() for name, r in results.items()},
         n_star_median={name: np.asarray(r.prediction.target_bands.n_star[q.index(0.5)]).tolist()
                        for name, r in results.items()},

@@ -234,8 +234,12 @@ def format_table(summary: dict) -> str:
         st = summary["stacking"]
         print("\nForms stacked (" + st["method"] + "):")
         for i, name in enumerate(st["forms"]):
-            print(f"  {name:>10}: weight {st['weights'][i]:.3f}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
+            held_out = (f"  held-out {st['held_out_log_density'][i]:8.1f} (se {st['held_out_se'][i]:.1f})"
+                        if "held_out_log_density" in st else "")
+            print(f"  {name:>10}: weight {st['weights'][i]:.3f}{held_out}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
                   f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(format_size(v) for v in st["n_star_point"][name]))
+            for fold, problems in st.get("fold_problems", {}).get(name, {}).items():
+                print(" " * 14 + f"without size(s) {fold}: its posterior failed ({'; '.join(problems)})")
             if name in st.get("identification", {}):
                 print(" " * 14 + "posterior against prior (1 - variance ratio): " + ", ".join(
                     f"{k} {c:.2f}" for k, c in st["identification"][name].items()))

@@ -107,3 +107,80 @@ def test_failed_forms_get_no_weight_unless_every_form_failed_and_the_line_says_w
     assert failed_form_note("a", ["a", "b"], ["a"]) == " (its posterior failed its checks: no weight)"
     assert "stacked all the same" in failed_form_note("a", ["a", "b"], ["a", "b"])
     assert failed_form_note("b", ["a", "b"], ["a"]) == ""
+
+
+def _sized_runs(sizes, budgets_per_size=3, seed=0):
+    """Runs of a Chinchilla law with a strong N term, one run per size, a little noise."""
+    from sdsl_jax import LossLaw
+    from sdsl_jax.data import PretrainingRuns
+
+    law = LossLaw(E=1.7, A=400.0, alpha=0.34, B=2000.0, beta=0.3)
+    n = np.repeat(np.asarray(sizes, np.float64), budgets_per_size)
+    d = n * np.tile(np.geomspace(10.0, 40.0, budgets_per_size), len(sizes))
+    loss = np.asarray(law.loss(n, d)) * np.exp(0.005 * np.random.default_rng(seed).standard_normal(n.size))
+    return PretrainingRuns(n_params=n, n_tokens=d, loss=loss, name=(None,) * n.size, flops=6 * n * d,
+                           source=(None,) * n.size)
+
+
+def test_size_folds_weigh_forms_by_sizes_they_did_not_see_and_resume_fold_by_fold(tmp_path, monkeypatch):
+    """Leaving each size out, a law with an N term predicts the left-out size and a data-only law
+    cannot: Chinchilla's law takes the weight; every row gets a held-out density; a second call
+    with the same stages fits nothing again."""
+    from sdsl_jax import CHINCHILLA, DATA_ONLY, infer
+    from sdsl_jax.compare import size_fold_weights
+    from sdsl_jax.store import StageStore
+
+    runs = _sized_runs([1e7, 3e7, 1e8, 3e8])
+    settings = dict(num_chains=1, num_warmup=100, num_samples=100, seed=0, log=lambda _: None)
+    stores = lambda name: StageStore(str(tmp_path / name), resume=True, inputs=dict(form=name))  # noqa: E731
+    folds = size_fold_weights(runs, [CHINCHILLA, DATA_ONLY], stages_for=stores, **settings)
+    assert folds.weights.names == ("chinchilla", "data") and "model sizes left out" in folds.weights.method
+    assert folds.weights.weights[0] > 0.9
+    for name in ("chinchilla", "data"):
+        assert folds.log_density[name].shape == (len(runs),) and np.isfinite(folds.log_density[name]).all()
+    assert folds.log_density["chinchilla"].sum() > folds.log_density["data"].sum() + 5.0
+
+    def refuse(*args, **kw):
+        raise AssertionError("a stored fold was fitted again")
+
+    monkeypatch.setattr(infer, "sample_loss_law", refuse)
+    again = size_fold_weights(runs, [CHINCHILLA, DATA_ONLY], stages_for=stores, **settings)
+    np.testing.assert_array_equal(again.log_density["chinchilla"], folds.log_density["chinchilla"])
+
+
+def test_size_folds_group_neighbouring_sizes_and_stack_only_forms_every_fold_can_identify():
+    """More sizes than ``max_folds``: neighbouring sizes leave together. A law needing three sizes
+    cannot be fitted without one of three: then no form is weighted by sizes (None), before any fit."""
+    from sdsl_jax import CHINCHILLA, DATA_ONLY
+    from sdsl_jax.compare import size_fold_weights
+
+    seen = []
+    runs = _sized_runs([1e7, 2e7, 4e7, 8e7, 1.6e8, 3.2e8])
+    out = size_fold_weights(runs, [DATA_ONLY, CHINCHILLA], max_folds=3, num_chains=1, num_warmup=30, num_samples=30,
+                            log=seen.append)
+    assert out.weights.names == ("data", "chinchilla")
+    assert [line.split(":")[1].strip() for line in seen[:3]] == [
+        "data without size(s) 1e+07-2e+07", "data without size(s) 4e+07-8e+07", "data without size(s) 1.6e+08-3.2e+08"]
+    seen.clear()
+    three = _sized_runs([1e7, 1e8, 1e9])
+    assert size_fold_weights(three, [DATA_ONLY, CHINCHILLA], num_chains=1, num_warmup=50, num_samples=50,
+                             log=seen.append) is None
+    assert len(seen) == 1 and "chinchilla cannot be fitted without size(s) 1e+07" in seen[0]
+
+
+@pytest.mark.slow  # its size folds are covered fast above; this is the closure's wiring (about a minute)
+def test_a_closure_fit_weighs_its_laws_by_sizes_it_did_not_see():
+    """``fit_forms(weights_by="sizes")``, what every closure refit runs with ``--stack-by sizes``: the
+    laws' weights from their size folds, PSIS-LOO's recorded beside them."""
+    from sdsl_jax import CHINCHILLA, DATA_ONLY, PLANE
+    from sdsl_jax.validation.forms import fit_forms
+
+    runs = _sized_runs([1e7, 3e7, 1e8, 3e8])
+    forms, summary = fit_forms(runs, None, families=[CHINCHILLA, DATA_ONLY], models=(PLANE,), starts_every=50,
+                               chains=1, warmup=100, draws=100, propagate=50, seed=0, weights_by="sizes",
+                               log=lambda _: None)
+    assert summary["method"].startswith("Bayesian stacking of held-out predictive densities")
+    laws = summary["laws"]
+    assert laws["chinchilla"]["weight"] > 0.9 and forms[0].name.startswith("chinchilla")
+    assert laws["chinchilla"]["held_out_log_density"] > laws["data"]["held_out_log_density"]
+    assert all(np.isfinite(laws[n]["elpd_loo"]) for n in laws)  # row-wise PSIS-LOO, for comparison

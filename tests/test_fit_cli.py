@@ -144,6 +144,10 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     stacking = summary["stacking"]
     assert stacking["forms"] == ["chinchilla", "kaplan"] and abs(sum(stacking["weights"]) - 1) < 1e-6
+    # Weighted by how each form predicts a size it has not seen (--stack-by sizes, the default), with
+    # row-wise PSIS-LOO beside it.
+    assert "model sizes left out one at a time" in stacking["method"]
+    assert len(stacking["held_out_log_density"]) == len(stacking["weights_psis_loo_rows"]) == 2
     # Each form says how far its posterior moved from its prior, parameter by parameter (the N exponent too).
     assert set(stacking["identification"]["kaplan"]) == {"alpha_N", "alpha_D", "l_N", "l_D"}
     assert "alpha" in stacking["identification"]["chinchilla"]

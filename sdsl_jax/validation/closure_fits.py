@@ -31,7 +31,7 @@ __all__ = [
 
 def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int, chains: int, warmup: int,
                         draws: int, propagate: int, seed: int, stack: tuple | None = None, reruns: int = 0,
-                        stages: Stages | None = None, summaries: dict | None = None,
+                        stack_by: str = "rows", stages: Stages | None = None, summaries: dict | None = None,
                         log=print) -> dict[float, tuple | list[FormFit]]:
     """For each draft size, the law and the acceptance model fitted WITHOUT that size's models.
 
@@ -54,7 +54,7 @@ def leave_size_out_fits(runs, pairs, sizes, *, family, model, starts_every: int,
             out[float(size)], weights = fit_forms(train, kept, families=stack[0], models=stack[1],
                                                   starts_every=starts_every, chains=chains, warmup=warmup,
                                                   draws=draws, propagate=propagate, seed=seed, reruns=reruns,
-                                                  stages=stages, log=log)
+                                                  weights_by=stack_by, stages=stages, log=log)
             log("  weights: " + ", ".join(f"{name} {w:.2f}" for name, w in weights["forms"].items()))
             if summaries is not None:
                 summaries[float(size)] = weights
@@ -115,7 +115,7 @@ def add_prospective(records: list[dict], fits: dict[float, tuple], *, seed: int 
 
 def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, starts_every: int, chains: int,
                  warmup: int, draws: int, propagate: int, seed: int, stack: tuple | None = None, reruns: int = 0,
-                 stages: Stages | None = None, summaries: dict | None = None,
+                 stack_by: str = "rows", stages: Stages | None = None, summaries: dict | None = None,
                  log=print) -> dict[str, tuple | list[FormFit] | str]:
     """For each target, one fit of what a lab would have before pairing it: every pre-training run of
     the target and of smaller models, and the acceptance pairs whose target is smaller.
@@ -153,7 +153,8 @@ def forward_fits(runs, pairs, targets: dict[str, float], *, family, model, start
                 out[name], summary = fit_forms(train, kept, families=stack[0],
                                                models=stack[1] if kept is not None else (ACCEPTANCE_MODELS["plane"],),
                                                starts_every=starts_every, chains=chains, warmup=warmup, draws=draws,
-                                               propagate=propagate, seed=seed, reruns=reruns, stages=stages, log=log)
+                                               propagate=propagate, seed=seed, reruns=reruns, weights_by=stack_by,
+                                               stages=stages, log=log)
             except IdentifiabilityError as err:
                 out[name] = f"the runs up to this target cannot identify any loss-law form: {err.problem}"
                 log(f"  skipped ({out[name]})")
@@ -225,7 +226,9 @@ class ClosureSettings(NamedTuple):
     posterior that fails its checks is run again (``reruns``, :func:`sdsl_jax.pipeline.sample_posterior`),
     how many times as wide as stated every prior is (``prior_width``,
     :func:`sdsl_jax.infer.models.widened_priors`), and with stacked forms, the weight a failing form
-    must stand to carry to be run again (``rerun_weight``, :func:`fit_forms`; None: every one)."""
+    must stand to carry to be run again (``rerun_weight``, :func:`fit_forms`; None: every one) and
+    how the laws are weighted (``stack_by``: ``"rows"``, PSIS-LOO; ``"sizes"``, each size of the fit's
+    data left out in turn, :func:`sdsl_jax.compare.size_fold_weights`)."""
 
     law: str = "chinchilla"
     acceptance_model: str = "plane"
@@ -240,6 +243,7 @@ class ClosureSettings(NamedTuple):
     reruns: int = 0
     prior_width: float = 1.0
     rerun_weight: float | None = None
+    stack_by: str = "rows"
 
 
 def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages: Stages | None = None,
@@ -256,7 +260,8 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
                                     chains=settings.chains, warmup=settings.warmup, draws=settings.draws,
                                     propagate=settings.propagate, seed=settings.seed, mean_only=settings.mean_only,
                                     reruns=settings.reruns, rerun_weight=settings.rerun_weight,
-                                    prior_width=settings.prior_width, stages=stages, log=log)
+                                    prior_width=settings.prior_width, weights_by=settings.stack_by, stages=stages,
+                                    log=log)
         log("stacking: weights " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items()))
         log_point(forms[0].point, len(pairs), log)
         return InSampleFit(forms[0].point, forms, stacking, forms[0].draws, forms[0].scales, stacking["diagnostics"],
@@ -296,7 +301,8 @@ def prospective(records, speculative, runs, pairs, fit: InSampleFit, settings: C
         fits = leave_size_out_fits(runs, pairs, sizes, family=fit.point.family, model=fit.point.acceptance_model,
                                    starts_every=settings.starts_every, chains=settings.chains, warmup=settings.warmup,
                                    draws=settings.draws, propagate=settings.propagate, seed=settings.seed, stack=stack,
-                                   reruns=settings.reruns, stages=stages, summaries=refits, log=log)
+                                   reruns=settings.reruns, stack_by=settings.stack_by, stages=stages,
+                                   summaries=refits, log=log)
     except DataError as err:  # too few sizes: without one of them the rest cannot identify the law
         skipped = f"without one draft size the data cannot identify the models: {err.problem}"
         log(f"prospective: skipped ({skipped})")

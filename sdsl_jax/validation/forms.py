@@ -72,7 +72,7 @@ class FormFit(NamedTuple):
 
 def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, warmup: int, draws: int,
               propagate: int, seed: int, mean_only: bool = False, reruns: int = 0,
-              rerun_weight: float | None = None, prior_width: float = 1.0,
+              rerun_weight: float | None = None, prior_width: float = 1.0, weights_by: str = "rows",
               stages: Stages | None = None, log=print) -> tuple[list[FormFit], dict]:
     """Every (loss law, acceptance model) form fitted to ``runs``/``pairs`` and weighted by stacking.
 
@@ -97,6 +97,12 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     ``stages``. ``prior_width``: every prior that many times as wide
     (:func:`sdsl_jax.infer.models.widened_priors`). ``pairs`` None: the paper's plane, held fixed
     (``models`` then holds it alone).
+
+    ``weights_by="sizes"``: the laws' weights from grouped leave-one-size-out densities of these
+    data (:func:`sdsl_jax.compare.size_fold_weights`, each law refitted once per size of ``runs``,
+    its folds kept in ``stages``), row-wise PSIS-LOO recorded beside them; a refit for a prospective
+    or forward score is then weighted by the sizes it holds, nested inside it. The acceptance
+    models' weights stay PSIS-LOO over pairs.
     """
     from sdsl_jax import compare, pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
@@ -134,10 +140,26 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
         raise IdentifiabilityError(None, "no loss-law form is identified by these data (" + "; ".join(
             f"{k}: {v}" for k, v in skipped.items()) + ")")
     first_model = models[0].name
+    folds = None
+    if weights_by == "sizes" and len(law_runs) > 1:
+        folds = compare.size_fold_weights(
+            runs, [points[f, first_model].family for f in law_runs], num_chains=chains, num_warmup=warmup,
+            num_samples=draws, retries=reruns if rerun_weight is None else 0, seed=seed,
+            run_effects=pipeline.has_repeated_runs(runs),
+            stages_for=lambda name: None if stages is None else stages.store(
+                runs, pairs, points[name, first_model].family, models[0], prior_width=prior_width),
+            log=lambda line: log("  " + line))
+
+    rows_w = None
 
     def form_weights():
-        law_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
-                                         families={f: points[f, first_model].family for f in law_runs})
+        nonlocal rows_w
+        law_w = rows_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
+                                                  families={f: points[f, first_model].family for f in law_runs})
+        if folds is not None:
+            law_w = compare.grouped_stacking_weights(
+                folds.log_density, groups="model sizes",
+                failed=[f for f in folds.log_density if folds.fold_problems[f] or f in rows_w.failed])
         return law_w, _acceptance_weights(pairs, plane_runs, models)
 
     law_w, acc_w = form_weights()
@@ -178,8 +200,11 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                       mean_only=mean_only)
     method = next((w.method.split(";")[0] for w in (law_w, acc_w) if len(w.names) > 1), "a single form of each kind")
     summary = dict(method=method, skipped=skipped,
-                   laws={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se), pareto_k_max=float(k))
-                         for n, w, e, se, k in zip(*law_w[:5])},
+                   laws={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se), pareto_k_max=float(k),
+                                 **({} if folds is None else dict(
+                                     held_out_log_density=float(folds.weights.elpd_loo[folds.weights.names.index(n)]),
+                                     fold_problems=folds.fold_problems[n])))
+                         for n, w, e, se, k in zip(rows_w.names, law_w.weights, *rows_w[2:5])},
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
                                               pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
                    forms={form.name: form.weight for form in forms},

@@ -11,6 +11,7 @@ import numpy as np
 
 __all__ = [
     "student_t_logpdf",
+    "new_run_log_density",
     "loss_law_fold",
     "acceptance_fold",
     "run_holdout",
@@ -31,6 +32,28 @@ def _log_mean_exp(x: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.asarray(logsumexp(x, axis=axis)) - np.log(x.shape[axis])
 
 
+def new_run_log_density(samples: dict, family, test, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The posterior-predictive log density of runs the posterior has not seen, per row of ``test``.
+
+    The held-out rows are one NEW run: with run effects in ``samples`` each draw gives them one
+    shared intercept and slope in log D (:func:`sdsl_jax.infer.new_run_effect`, Monte Carlo over
+    the draws), on top of their Student-t residuals. Returns ``(log density per row, the law's mean
+    log loss per draw and row, that mean plus the new run's effect)``.
+    """
+    import jax
+
+    from sdsl_jax import infer
+
+    theta = np.stack([np.asarray(samples[n]).reshape(-1) for n in family.theta_names], axis=1)
+    sigma, nu = (np.asarray(samples[k]).reshape(-1) for k in ("sigma", "nu"))
+    ln, ld = np.log(test.n_params), np.log(test.n_tokens)
+    law_mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out rows)
+    mean = law_mean + infer.new_run_effect(samples, ld, centre_log_d=float(samples.get("centre_log_d", 0.0)),
+                                           seed=seed + 1)
+    y = np.log(test.loss)
+    return _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0), law_mean, mean
+
+
 def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_every, run_effects=False):
     """Fit ``family`` on ``runs[keep]``; predictive log densities and bands for ``runs[~keep]``.
 
@@ -48,16 +71,9 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     post = infer.sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
                                  num_chains=chains, num_warmup=warmup, num_samples=draws, seed=seed,
                                  run=train.run_index()[0] if run_effects else None, progress_bar=False)
-    theta = np.stack([np.asarray(post.samples[n]).reshape(-1) for n in family.theta_names], axis=1)
+    log_density, law_mean, mean = new_run_log_density(post.samples, family, test, seed=seed)
     sigma, nu = (np.asarray(post.samples[k]).reshape(-1) for k in ("sigma", "nu"))
-    import jax
-
-    ln, ld = np.log(test.n_params), np.log(test.n_tokens)
-    law_mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out runs)
-    mean = law_mean + infer.new_run_effect(post.samples, ld,
-                                           centre_log_d=float(post.samples.get("centre_log_d", 0.0)), seed=seed + 1)
     y = np.log(test.loss)
-    log_density = _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0)
     rng = np.random.default_rng(seed)
     predictive = mean + sigma[:, None] * rng.standard_t(nu[:, None], mean.shape)
     lo, hi = np.quantile(predictive, [0.05, 0.95], axis=0)
