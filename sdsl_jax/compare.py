@@ -306,7 +306,7 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
         return None
     density, problems = {}, {}
     for family in families:
-        stages, rows, failed = stages_for(family.name), np.full(len(runs), np.nan), {}
+        stages, rows, failed_folds = stages_for(family.name), np.full(len(runs), np.nan), {}
         for keep, label in zip(masks, labels):
             train, test = runs.select(keep), runs.select(~keep)
             stored = stages.load(f"fold-{label}") if stages is not None else None
@@ -321,11 +321,11 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
                     stages.save(f"fold-{label}", **stored)
             rows[~keep] = stored["log_density"]
             if len(stored["problems"]):
-                failed[label] = [str(p) for p in stored["problems"]]
+                failed_folds[label] = [str(p) for p in stored["problems"]]
             log(f"stacking by size: {family.name} without size(s) {label}: held-out log density "
                 f"{float(np.sum(stored['log_density'])):.2f}" + (" (its posterior failed its checks)" if
                                                                  len(stored["problems"]) else ""))
-        density[family.name], problems[family.name] = rows, failed
+        density[family.name], problems[family.name] = rows, failed_folds
     weights = grouped_stacking_weights(density, groups="model sizes",
                                        failed=[n for n in density if problems[n] or n in failed])
     return SizeFolds(weights, density, problems)

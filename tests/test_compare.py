@@ -184,3 +184,23 @@ def test_a_closure_fit_weighs_its_laws_by_sizes_it_did_not_see():
     assert laws["chinchilla"]["weight"] > 0.9 and forms[0].name.startswith("chinchilla")
     assert laws["chinchilla"]["held_out_log_density"] > laws["data"]["held_out_log_density"]
     assert all(np.isfinite(laws[n]["elpd_loo"]) for n in laws)  # row-wise PSIS-LOO, for comparison
+
+
+def test_a_form_whose_posterior_on_all_the_data_failed_gets_no_size_fold_weight(monkeypatch):
+    """``failed`` names forms whose posterior on all the data failed its checks: no weight, whatever
+    their folds say (their draws are what the mixture would use). The folds here are made to pass
+    (short chains would fail on ESS and leave every form failed, when all are stacked)."""
+    from sdsl_jax import CHINCHILLA, DATA_ONLY, infer
+    from sdsl_jax.compare import size_fold_weights
+
+    sample = infer.sample_loss_law
+
+    def passing(*args, **kw):
+        out = sample(*args, **kw)
+        return out._replace(diagnostics=out.diagnostics._replace(ok=True, problems=()))
+
+    monkeypatch.setattr(infer, "sample_loss_law", passing)
+    runs = _sized_runs([1e7, 3e7, 1e8, 3e8])
+    folds = size_fold_weights(runs, [CHINCHILLA, DATA_ONLY], failed=("chinchilla",), num_chains=1, num_warmup=30,
+                              num_samples=30, log=lambda _: None)
+    assert folds.weights.failed == ("chinchilla",) and list(folds.weights.weights) == [0.0, 1.0]
