@@ -133,9 +133,22 @@ def test_ladder_dataset_fits_the_committed_ladder(tmp_path):
     assert summary["data"]["acceptance"]["pairs"] > 20
 
 
-def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
+def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path, monkeypatch):
     """`--stack FORMS`: the forms fitted, weighted by stacking, the bands of the mixture;
-    the ladder's sizes are runs with four budgets each, so the posterior has per-run effects."""
+    the ladder's sizes are runs with four budgets each, so the posterior has per-run effects.
+    The weights come from the size folds (`--stack-by sizes`, the default): here a stand-in for
+    `compare.size_fold_weights` (its folds are tested in test_compare.py) that records its call."""
+    from sdsl_jax import compare
+
+    calls = []
+
+    def folds(runs, families, **kw):
+        calls.append(([f.name for f in families], kw))
+        density = {"chinchilla": np.zeros(len(runs)), "kaplan": np.full(len(runs), -1.0)}
+        return compare.SizeFolds(compare.grouped_stacking_weights(density, groups="model sizes"), density,
+                                 {"chinchilla": {}, "kaplan": {}})
+
+    monkeypatch.setattr(compare, "size_fold_weights", folds)
     out = tmp_path / "out"
     code = fit_cli.main(["--dataset", "ladder-v1", "--posterior", "--stack", "chinchilla,kaplan", "--chains", "1", "--reruns", "0", "--warmup", "60",
                          "--draws", "60", "--starts", "20", "--num-targets", "3", "--out", str(out), "--quiet",
@@ -145,9 +158,13 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path):
     stacking = summary["stacking"]
     assert stacking["forms"] == ["chinchilla", "kaplan"] and abs(sum(stacking["weights"]) - 1) < 1e-6
     # Weighted by how each form predicts a size it has not seen (--stack-by sizes, the default), with
-    # row-wise PSIS-LOO beside it.
+    # row-wise PSIS-LOO beside it; the folds sampled as the forms were, with the runs' effects.
+    [(names, kw)] = calls
+    assert names == ["chinchilla", "kaplan"] and kw["run_effects"] is True and kw["num_warmup"] == 60
+    assert kw["stages_for"]("kaplan").folder.endswith(os.path.join("forms", "kaplan"))
     assert "model sizes left out one at a time" in stacking["method"]
-    assert len(stacking["held_out_log_density"]) == len(stacking["weights_psis_loo_rows"]) == 2
+    assert np.allclose(stacking["weights"], [1.0, 0.0]) and stacking["held_out_log_density"] == [0.0, -28.0]
+    assert len(stacking["weights_psis_loo_rows"]) == 2
     # Each form says how far its posterior moved from its prior, parameter by parameter (the N exponent too).
     assert set(stacking["identification"]["kaplan"]) == {"alpha_N", "alpha_D", "l_N", "l_D"}
     assert "alpha" in stacking["identification"]["chinchilla"]
