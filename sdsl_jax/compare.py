@@ -266,6 +266,7 @@ def _new_runs_log_density(samples: dict, family: LossLawFamily, test: Pretrainin
 def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], *, num_chains: int = 4,
                       num_warmup: int = 500, num_samples: int = 500, retries: int = 0, seed: int = 0,
                       run_effects: bool = False, failed: Sequence[str] = (), max_folds: int = 10,
+                      prior_width: float = 1.0,
                       stages_for: Callable[[str], StageStore | None] = lambda name: None,
                       log: Callable[[str], None] = print) -> SizeFolds | None:
     """Stacking weights over loss-law forms for sizes the data do not hold: grouped leave-one-size-out.
@@ -284,6 +285,7 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
 
     ``stages_for(name)``: a :class:`~sdsl_jax.store.StageStore` per form, in which each fold's
     densities are kept when it ends (``fold-<sizes>``), so an interrupted run resumes fold by fold.
+    ``prior_width``: every prior that many times as wide, as the forms' own posteriors were sampled.
     Returns None when some fold's data cannot identify a form (forms are stacked only on the same
     folds; the log says which) or there are fewer than two forms.
     """
@@ -314,7 +316,7 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
                 post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
                                        run=train.run_index()[0] if run_effects else None, num_chains=num_chains,
                                        num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
-                                       progress_bar=False)
+                                       prior_width=prior_width, progress_bar=False)
                 stored = dict(log_density=_new_runs_log_density(post.samples, family, test, seed=seed),
                               problems=np.array(list(post.diagnostics.problems), dtype=str))
                 if stages is not None:

@@ -145,7 +145,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
         folds = compare.size_fold_weights(
             runs, [points[f, first_model].family for f in law_runs], num_chains=chains, num_warmup=warmup,
             num_samples=draws, retries=reruns if rerun_weight is None else 0, seed=seed,
-            run_effects=pipeline.has_repeated_runs(runs),
+            run_effects=pipeline.has_repeated_runs(runs), prior_width=prior_width,
             stages_for=lambda name: None if stages is None else stages.store(
                 runs, pairs, points[name, first_model].family, models[0], prior_width=prior_width),
             log=lambda line: log("  " + line))
