@@ -296,21 +296,20 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
     groups = [g for g in np.array_split(sizes, min(max_folds, sizes.size)) if g.size]
     labels = [f"{g[0]:.6g}" if g.size == 1 else f"{g[0]:.6g}-{g[-1]:.6g}" for g in groups]
     masks = [~np.isin(np.asarray(runs.n_params, np.float64), group) for group in groups]
+    folds = [(keep, label, runs.select(keep), runs.select(~keep)) for keep, label in zip(masks, labels)]
+    if len(families) < 2:
+        return None
     for family in families:  # every form on every fold, or none: forms are stacked on the same folds
-        for keep, label in zip(masks, labels):
-            train = runs.select(keep)
+        for _, label, train, _ in folds:
             try:
                 check_loss_law_data(train.n_params, train.n_tokens, train.loss, family=family)
             except IdentifiabilityError as err:
                 log(f"stacking by size: {family.name} cannot be fitted without size(s) {label} ({err.problem})")
                 return None
-    if len(families) < 2:
-        return None
     density, problems = {}, {}
     for family in families:
         stages, rows, failed_folds = stages_for(family.name), np.full(len(runs), np.nan), {}
-        for keep, label in zip(masks, labels):
-            train, test = runs.select(keep), runs.select(~keep)
+        for keep, label, train, test in folds:
             stored = stages.load(f"fold-{label}") if stages is not None else None
             if stored is None:
                 post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,

@@ -150,19 +150,16 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                 runs, pairs, points[name, first_model].family, models[0], prior_width=prior_width),
             log=lambda line: log("  " + line))
 
-    rows_w = None
-
     def form_weights():
-        nonlocal rows_w
-        law_w = rows_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
-                                                  families={f: points[f, first_model].family for f in law_runs})
-        if folds is not None:
-            law_w = compare.grouped_stacking_weights(
-                folds.log_density, groups="model sizes",
-                failed=[f for f in folds.log_density if folds.fold_problems[f] or f in rows_w.failed])
-        return law_w, _acceptance_weights(pairs, plane_runs, models)
+        """(the laws' weights, the acceptance models', the laws' by PSIS-LOO over rows)."""
+        rows_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
+                                          families={f: points[f, first_model].family for f in law_runs})
+        law_w = rows_w if folds is None else compare.grouped_stacking_weights(
+            folds.log_density, groups="model sizes",
+            failed=[f for f in folds.log_density if folds.fold_problems[f] or f in rows_w.failed])
+        return law_w, _acceptance_weights(pairs, plane_runs, models), rows_w
 
-    law_w, acc_w = form_weights()
+    law_w, acc_w, rows_w = form_weights()
     for k in range(1, reruns + 1 if rerun_weight is not None else 1):
         again = [(kind, name) for kind, w in (("law", law_w), ("acceptance", acc_w))
                  for name in compare.failed_forms_worth_rerunning(w, min_weight=rerun_weight)]
@@ -191,7 +188,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
             posts[f, m] = pipeline.sample_posterior(runs, pairs, points[f, m], law_run=law_runs[f],
                                                     plane_run=plane_runs.get(m), seed=seed, plane_seed=seed,
                                                     prior_width=prior_width)
-        law_w, acc_w = form_weights()
+        law_w, acc_w, rows_w = form_weights()
     if pairs is None:
         plane_runs = {}
     weights = {(f, m): float(w_law * w_acc) for f, w_law in zip(law_w.names, law_w.weights)
