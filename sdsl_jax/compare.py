@@ -225,10 +225,19 @@ def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
     """Stacking weights over forms from held-out log densities: ``{name: log p(y_i)}`` of the points
     of folds that each left out a whole group (``groups`` names them, e.g. "model sizes"), where
     PSIS-LOO, which leaves out one row, cannot say how a form predicts a new group. Forms named
-    in ``failed`` (a posterior of theirs failed its checks) get weight 0 (:func:`_stack_passing`)."""
+    in ``failed`` (a posterior of theirs failed its checks) get weight 0 (:func:`_stack_passing`); so does
+    a form whose densities are not all finite (not scored: :func:`size_fold_weights` does not refit a
+    failed form), also in the weights as if every posterior had passed."""
     names = tuple(log_density)
     stacked = np.stack([np.asarray(log_density[n], np.float64) for n in names])
-    weights, note, unchecked = _stack_passing(stacked, [n in failed for n in names])
+    scored = np.isfinite(stacked).all(axis=1)
+    if not scored.any():
+        raise ValueError("no form has a finite held-out log density for every row")
+    weights, unchecked = np.zeros(len(names)), np.zeros(len(names))
+    weights[scored], note, unchecked[scored] = _stack_passing(
+        stacked[scored], [n in failed for n, s in zip(names, scored) if s])
+    if not scored.all() and "get weight 0" not in note:
+        note += "; forms whose posterior failed its checks get weight 0"
     return FormWeights(names, weights, stacked.sum(axis=1), np.sqrt(stacked.shape[1] * stacked.var(axis=1)),
                        np.full(len(names), np.nan),
                        f"Bayesian stacking of held-out predictive densities (compare.stack); {groups} left out one "
@@ -281,7 +290,8 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
     leaving out a whole size measures (PSIS cannot approximate it: a size's weight is too large for
     importance sampling). A form one of whose fold posteriors fails its checks, or named in
     ``failed`` (its posterior on all the data failed), gets no weight (all are stacked if every
-    form fails).
+    form fails). A form named in ``failed`` is not refitted by size while another form is not:
+    its folds could not give it weight (its log densities are NaN, ``fold_problems`` empty).
 
     ``stages_for(name)``: a :class:`~sdsl_jax.store.StageStore` per form, in which each fold's
     densities are kept when it ends (``fold-<sizes>``), so an interrupted run resumes fold by fold.
@@ -307,9 +317,13 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
                 log(f"stacking by size: {family.name} cannot be fitted without size(s) {label} ({err.problem})")
                 return None
     density, problems = {}, {}
+    unscored = set(failed) if any(family.name not in failed for family in families) else set()
     for family in families:
         stages, rows, failed_folds = stages_for(family.name), np.full(len(runs), np.nan), {}
-        for keep, label, train, test in folds:
+        if family.name in unscored:
+            log(f"stacking by size: {family.name} not refitted by size (its posterior on all the data failed "
+                "its checks: no weight)")
+        for keep, label, train, test in [] if family.name in unscored else folds:
             stored = stages.load(f"fold-{label}") if stages is not None else None
             if stored is None:
                 post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,

@@ -20,6 +20,7 @@ from sdsl_jax.figures import format_size
 from sdsl_jax.infer.models import sampled_effect_sides
 from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.pipeline import PipelineResult
+from sdsl_jax.store import finite_or_none
 from sdsl_jax.protocols import IterationCostModel, LossLawModel
 
 __all__ = [
@@ -234,8 +235,10 @@ def format_table(summary: dict) -> str:
         st = summary["stacking"]
         print("\nForms stacked (" + st["method"] + "):")
         for i, name in enumerate(st["forms"]):
-            held_out = (f"  held-out {st['held_out_log_density'][i]:8.1f} (se {st['held_out_se'][i]:.1f})"
-                        if "held_out_log_density" in st else "")
+            held_out = "" if "held_out_log_density" not in st else (
+                f"  held-out {st['held_out_log_density'][i]:8.1f} (se {st['held_out_se'][i]:.1f})"
+                if finite_or_none(st["held_out_log_density"][i]) is not None else
+                "  held-out not scored (its posterior failed its checks)")
             print(f"  {name:>10}: weight {st['weights'][i]:.3f}{held_out}  elpd_loo {st['elpd_loo'][i]:8.1f} (se "
                   f"{st['elpd_se'][i]:.1f})  N* point " + ", ".join(format_size(v) for v in st["n_star_point"][name]))
             for fold, problems in st.get("fold_problems", {}).get(name, {}).items():

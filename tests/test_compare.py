@@ -188,19 +188,24 @@ def test_a_closure_fit_weighs_its_laws_by_sizes_it_did_not_see():
 
 def test_a_form_whose_posterior_on_all_the_data_failed_gets_no_size_fold_weight(monkeypatch):
     """``failed`` names forms whose posterior on all the data failed its checks: no weight, whatever
-    their folds say (their draws are what the mixture would use). The folds here are made to pass
-    (short chains would fail on ESS and leave every form failed, when all are stacked)."""
+    their folds could say (their draws are what the mixture would use), so their folds are not
+    fitted while another form passed. The folds here are made to pass (short chains would fail on
+    ESS and leave every form failed, when all are stacked)."""
     from sdsl_jax import CHINCHILLA, DATA_ONLY, infer
     from sdsl_jax.compare import size_fold_weights
 
-    sample = infer.sample_loss_law
+    sample, fitted = infer.sample_loss_law, []
 
-    def passing(*args, **kw):
-        out = sample(*args, **kw)
+    def passing(*args, family, **kw):
+        fitted.append(family.name)
+        out = sample(*args, family=family, **kw)
         return out._replace(diagnostics=out.diagnostics._replace(ok=True, problems=()))
 
     monkeypatch.setattr(infer, "sample_loss_law", passing)
-    runs = _sized_runs([1e7, 3e7, 1e8, 3e8])
+    runs, lines = _sized_runs([1e7, 3e7, 1e8, 3e8]), []
     folds = size_fold_weights(runs, [CHINCHILLA, DATA_ONLY], failed=("chinchilla",), num_chains=1, num_warmup=30,
-                              num_samples=30, log=lambda _: None)
+                              num_samples=30, log=lines.append)
     assert folds.weights.failed == ("chinchilla",) and list(folds.weights.weights) == [0.0, 1.0]
+    assert fitted == ["data"] * 4 and "chinchilla not refitted by size" in lines[0]
+    assert np.isnan(folds.log_density["chinchilla"]).all() and np.isnan(folds.weights.elpd_loo[0])
+    assert "failed its checks get weight 0" in folds.weights.method

@@ -198,6 +198,9 @@ def test_band_figure_draws_every_process_and_skips_undefined_bands(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+# Slow (about a minute: four NUTS programs): the sampler's reruns are tested fast in test_bayes.py
+# (attempts, longer runs), which failed forms carry weight enough in test_compare.py.
+@pytest.mark.slow
 def test_a_failed_form_that_would_carry_weight_is_run_again_longer():
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.loss_laws import FAMILIES

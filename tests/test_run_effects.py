@@ -113,6 +113,9 @@ def test_predictive_n_star_bands_are_wider_and_centred_like_the_mean_curve():
                                rtol=0.1)
 
 
+# Slow: stacking's weight on the generating law is tested fast by the size folds in test_compare.py
+# (Chinchilla's law against the data-only law) and the weights' arithmetic there too.
+@pytest.mark.slow
 def test_stacking_puts_its_weight_on_the_form_that_generated_the_data():
     # Data from a law with a strong N term: the data-only form (no N) cannot predict the rows,
     # stacking must give it (almost) nothing. Weights from ArviZ's stacking over PSIS-LOO.
