@@ -20,6 +20,10 @@ Algorithm (the same for both branches, a fixed number of steps so that it jits a
        q   = 2 (1 + w) (1 + w + 2 zn / 3)
        w  <- w + w zn (q - zn) / ((1 + w) (q - 2 zn))
 
+   On float64 ``W_0`` the last step recovers the rounding of ``z / w`` exactly (its remainder, from
+   products split into 26-bit halves), so that ``zn`` carries only the logarithm's rounding:
+   :func:`_compensated_fritsch_step`.
+
 3. Within ``|p| < 0.45`` of the branch point the 32-term series is used as the answer: there
    it is exact to rounding, whereas the iteration divides rounding noise by ``1 + w ~ p``.
    ``e z + 1`` is formed as ``e (z + hi + lo)`` with ``1/e = hi + lo`` split in the working
@@ -32,10 +36,11 @@ higher derivatives at ``z = 0`` are right. For the log-space entry ``w(s) = W_{-
 
 References:
   Corless, Gonnet, Hare, Jeffrey & Knuth (1996), "On the Lambert W function", Adv. Comput.
-  Math. 5, 329-359. Fritsch, Shafer & Crowley (1973), "Solution of the transcendental equation
-  w e^w = x", Commun. ACM 16, 123-124. Veberic (2012), "Lambert W function for applications in
-  physics", Comput. Phys. Commun. 183, 2622-2628. Winitzki (2003), "Uniform approximations for
-  transcendental functions", LNCS 2667, 780-789.
+  Math. 5, 329-359. Dekker (1971), "A floating-point technique for extending the available
+  precision", Numer. Math. 18, 224-242. Fritsch, Shafer & Crowley (1973), "Solution of the
+  transcendental equation w e^w = x", Commun. ACM 16, 123-124. Veberic (2012), "Lambert W
+  function for applications in physics", Comput. Phys. Commun. 183, 2622-2628. Winitzki (2003),
+  "Uniform approximations for transcendental functions", LNCS 2667, 780-789.
 """
 
 from __future__ import annotations
@@ -102,14 +107,16 @@ def _distance_to_branch_point(z: jax.Array) -> jax.Array:
 
 def _branch_point_series(p: jax.Array) -> jax.Array:
     # Two interleaved Horner chains in p^2, even and odd terms: one chain of 32 dependent
-    # multiply-adds waits on each one's latency; two independent ones halve that wait.
+    # multiply-adds waits on each one's latency; two independent ones halve that wait. The
+    # leading -1 is added last: summed into the even chain, its rounding (an ulp of 1) would be
+    # two ulps of W near |p| = 0.45, where W is about -0.63.
     x = p * p
     even, odd = jnp.zeros_like(p), jnp.zeros_like(p)
-    for mu in reversed(_MU[0::2]):
+    for mu in reversed(_MU[2::2]):
         even = even * x + mu
     for mu in reversed(_MU[1::2]):
         odd = odd * x + mu
-    return even + p * odd
+    return _MU[0] + (x * even + p * odd)
 
 
 def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
@@ -117,6 +124,42 @@ def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
     wp1 = 1.0 + w
     q = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
     return w + w * zn * (q - zn) / (wp1 * (q - 2.0 * zn))  # one division, not two
+
+
+def _high_bits(x: jax.Array) -> jax.Array:
+    """float64 ``x`` with the low 27 bits of its significand cleared: 26 significant bits, so that
+    its product with any float64 of at most 27 significant bits is exact."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint64)
+    return jax.lax.bitcast_convert_type(bits & np.uint64(0xFFFFFFFFF8000000), jnp.float64)
+
+
+def _compensated_fritsch_step(w: jax.Array, z: jax.Array) -> jax.Array:
+    """The last float64 Fritsch step on W_0, with ``zn = log(z / w) - w`` rounded only by the logarithm.
+
+    ``w`` is first cut to 26 significant bits, ``w_h`` (its error of about 1e-8 grows by 1.5e-8 at
+    most, and the step leaves 0.015 e^4). Then the rounding of ``q = z / w_h`` is recovered exactly:
+    ``r = z - q w_h = (z - q_h w_h) - q_l w_h`` with ``q_h`` the top 26 bits of ``q`` and ``q_l = q -
+    q_h`` the other 27: both products are exact, both differences exact by Sterbenz' lemma, and the
+    remainder of a rounded quotient is representable [Dekker 1971]. So ``log(z / w_h) = log q + r / z``
+    to second order in ``r / z ~ 1e-16``, and ``zn = (log q - w_h) + r / z``: ``log q - w_h`` is exact
+    (Sterbenz again), so ``zn`` carries only the logarithm's rounding, which the step multiplies by
+    ``w / (1 + w)``. Near ``W = -0.5`` the rounding of ``q`` and that of a sum ``log q + r / z`` would
+    add up to two ulps. Bit operations, not Veltkamp's split: a compiler that contracts the split's
+    multiply-subtract into a fused multiply-add would break it; here a contraction only makes an
+    exact step exact again.
+    """
+    # Below |z| = 1e-290 the products' low parts, and the step's correction of a cut w, fall under
+    # the smallest normal, which XLA on CPU flushes to zero: there w (= z (1 - z) to rounding) is
+    # kept whole and the step is the plain one.
+    compensate = jnp.abs(z) > 1e-290
+    w_h = jnp.where(compensate, _high_bits(w), w)
+    q = z / w_h
+    q_h = _high_bits(q)
+    r = jnp.where(compensate, (z - q_h * w_h) - (q - q_h) * w_h, 0.0)
+    zn = (jnp.log(q) - w_h) + r / z
+    wp1 = 1.0 + w_h
+    q2 = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
+    return w_h + w_h * zn * (q2 - zn) / (wp1 * (q2 - 2.0 * zn))
 
 
 def _rough_log(x: jax.Array) -> jax.Array:
@@ -164,15 +207,14 @@ def _branch0(z: jax.Array) -> jax.Array:
     delta = _distance_to_branch_point(z)
     p = jnp.sqrt(2.0 * delta)
     series = _branch_point_series(p)
-    if z.dtype == jnp.float64:
-        w, steps = _branch0_start(z, series), 1
-    else:
-        w, steps = _winitzki_or_series(z, series, jnp.log1p), _NUM_FRITSCH_STEPS
     # z/w -> 1 as z -> 0; keep the ratio defined there and patch z == 0 below.
-    w = jnp.where(z == 0, 1.0, w)
     z_nz = jnp.where(z == 0, 1.0, z)
-    for _ in range(steps):
-        w = _fritsch_step(w, jnp.log(z_nz / w))
+    if z.dtype == jnp.float64:
+        w = _compensated_fritsch_step(jnp.where(z == 0, 1.0, _branch0_start(z, series)), z_nz)
+    else:
+        w = jnp.where(z == 0, 1.0, _winitzki_or_series(z, series, jnp.log1p))
+        for _ in range(_NUM_FRITSCH_STEPS):
+            w = _fritsch_step(w, jnp.log(z_nz / w))
     w = jnp.where(p < _SERIES_ONLY_BELOW, series, w)
     w = jnp.where(z == 0, 0.0, w)
     w = jnp.where(z == jnp.inf, jnp.inf, w)

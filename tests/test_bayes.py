@@ -249,6 +249,35 @@ def test_a_second_run_on_same_shaped_data_compiles_nothing_and_draws_as_numpyro_
         np.testing.assert_array_equal(reused.samples[site], plain.samples[site])
 
 
+def test_vectorised_chains_initialised_again_map_the_sampling_function_once():
+    """NumPyro's HMC maps its sampling function once more each time vectorised chains start: a cached
+    sampler initialised twice holds a twice-mapped function, which fails once its loop is traced
+    again. The sampler's kernel starts each initialisation from the unmapped function. (End to end,
+    with the loop traced again: the slow test below.)"""
+    import jax
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import NUTS
+
+    from sdsl_jax.infer.sampler import _ReinitialisableNUTS
+
+    def model():
+        numpyro.sample("x", dist.Normal())
+
+    def vmap_depth(kernel):
+        kernel.init(keys, 5)
+        kernel.init(keys, 5)
+        f, depth = kernel._sample_fn, 0
+        while hasattr(f, "__wrapped__"):
+            f, depth = f.__wrapped__, depth + 1
+        return depth
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)  # a key per chain: vectorised chains
+    assert vmap_depth(NUTS(model)) == 2  # what NumPyro does
+    assert vmap_depth(_ReinitialisableNUTS(model)) == 1
+
+
+@pytest.mark.slow  # two compilations of a vectorised sampler; the fast test above checks the mechanism
 def test_a_cached_sampler_with_vectorised_chains_runs_again_after_its_program_left_the_caches():
     """NumPyro's HMC maps its sampling function once more each time vectorised chains start; the
     cached sampler starts each run from the unmapped function, so a run traced again (its program

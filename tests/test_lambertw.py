@@ -89,6 +89,17 @@ def test_float64_w0_is_within_two_ulp_where_its_first_step_changes_method():
     assert relative_error(got, want).max() <= 2 * np.finfo(np.float64).eps
 
 
+def test_float64_w0_is_within_4e16_where_w_is_near_minus_a_half():
+    # Near W = -0.5 (z about -0.3) two ulp of W are 4.2e-16 relative, and the last step divides its
+    # logarithm's rounding by 1 + w: the step's quotient is compensated (its remainder computed
+    # exactly) and the series adds its leading -1 last, so that rounding stays within 4e-16 there.
+    rng = np.random.default_rng(1)
+    z = np.concatenate([rng.uniform(-0.345, -0.2, 3000), -INV_E + np.geomspace(1e-3, 0.17, 300)])
+    got = np.asarray(jax.jit(lambertw)(jnp.asarray(z)))
+    want = np.array([mp_lambertw(x, 0) for x in z])
+    assert relative_error(got, want).max() <= 4e-16
+
+
 def test_points_within_1e12_of_branch_point():
     z = -INV_E + np.geomspace(1e-17, 1e-12, 60)
     for k in (0, -1):
