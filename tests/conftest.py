@@ -95,17 +95,18 @@ def micro_ladder(tmp_path_factory):
     return ladder_dir, measure_dir
 
 
-# The modules that take longest, longest first (worker-seconds of a fresh-clone `make test`, from
-# `pytest --junitxml`): pytest-xdist hands whole modules to its two workers in collection order
+# The modules that take longest, longest first (their worker-seconds in `make test`, from
+# `pytest --durations=0`): pytest-xdist hands whole modules to its two workers in collection order
 # (--dist loadscope with --no-loadscope-reorder, set in the Makefile; xdist's own reorder counts tests,
 # not seconds), so a long module collected last would keep one worker busy while the other idles.
 # The micro ladder's other user (test_latency) comes late, after test_experiments has built the
 # ladder it waits for.
-LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_faults", "test_extending", "test_calibration",
-                 "test_run_effects", "test_model_effects", "test_bayes", "test_decoding", "test_optimum", "test_normal",
-                 "test_fitting", "test_holdout", "test_sbc", "test_effect_coordinates", "test_composable",
-                 "test_predictive", "test_measure_core", "test_train", "test_latency", "test_user_data",
-                 "test_speculative", "test_lambertw", "test_misspecified", "test_sizes", "test_readme")
+LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_extending", "test_faults", "test_calibration",
+                 "test_optimum", "test_model_effects", "test_decoding", "test_bayes", "test_run_effects", "test_fitting",
+                 "test_holdout", "test_sbc", "test_effect_coordinates", "test_compare", "test_lambertw",
+                 "test_misspecified", "test_measure_core", "test_train", "test_speculative", "test_predictive",
+                 "test_normal", "test_composable", "test_user_data", "test_latency", "test_sizes", "test_validation",
+                 "test_readme")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -360,6 +360,9 @@ def test_the_clis_persistent_compilation_cache_is_written_and_can_be_turned_off(
     assert default_compile_cache() == str(tmp_path / "sdsl-jax" / "xla")
 
 
+# Slow (its own timing runs and latency fit): the seconds law's fit and N* in seconds are tested fast in
+# test_latency.py, the wall-clock closure's refusals in test_faults.py.
+@pytest.mark.slow
 def test_wallclock_closure_on_the_micro_ladder(micro_ladder, tmp_path):
     import shutil
 

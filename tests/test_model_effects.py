@@ -223,6 +223,9 @@ def test_logit_plane_likelihood_is_a_density_on_alpha():
     assert total == pytest.approx(1.0, abs=1e-8)
 
 
+# Slow: stacking's weight on the acceptance model that generated the pairs is tested fast in
+# test_extending.py (a new model against the paper's plane, through the same acceptance_stacking_weights).
+@pytest.mark.slow
 def test_acceptance_stacking_puts_its_weight_on_the_model_that_generated_the_pairs(tmp_path):
     # alpha linear in log perplexities, over a wide range of draft perplexities: the raw plane
     # cannot follow the curve, the log-plane can; stacking (PSIS-LOO over pairs) must see it.
