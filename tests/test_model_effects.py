@@ -43,6 +43,9 @@ def test_sample_plane_refuses_half_or_bad_model_indices():
         infer.sample_plane(x, y, alpha, draft=di, target=ti[:-1], num_chains=1, num_warmup=5, num_samples=5)
 
 
+# Slow: a kind of model left out (the drafts' effects alone, the targets' recorded as zero) is tested
+# fast end to end in test_fit_cli.py (the ladder's six targets: model_effects == ['draft'], no target scale).
+@pytest.mark.slow
 def test_a_kind_of_model_left_out_records_zero_effects_that_predictions_read():
     # Five targets: their effects' scale would rest on three contrasts; the drafts' alone are sampled.
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
