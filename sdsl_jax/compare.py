@@ -320,10 +320,12 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
     unscored = set(failed) if any(family.name not in failed for family in families) else set()
     for family in families:
         stages, rows, failed_folds = stages_for(family.name), np.full(len(runs), np.nan), {}
+        density[family.name], problems[family.name] = rows, failed_folds
         if family.name in unscored:
             log(f"stacking by size: {family.name} not refitted by size (its posterior on all the data failed "
                 "its checks: no weight)")
-        for keep, label, train, test in [] if family.name in unscored else folds:
+            continue
+        for keep, label, train, test in folds:
             stored = stages.load(f"fold-{label}") if stages is not None else None
             if stored is None:
                 post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
@@ -340,7 +342,6 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
             log(f"stacking by size: {family.name} without size(s) {label}: held-out log density "
                 f"{float(np.sum(stored['log_density'])):.2f}" + (" (its posterior failed its checks)" if
                                                                  len(stored["problems"]) else ""))
-        density[family.name], problems[family.name] = rows, failed_folds
     weights = grouped_stacking_weights(density, groups="model sizes",
                                        failed=[n for n in density if problems[n] or n in failed])
     return SizeFolds(weights, density, problems)

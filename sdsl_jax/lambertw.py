@@ -120,7 +120,11 @@ def _branch_point_series(p: jax.Array) -> jax.Array:
 
 
 def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
-    zn = log_z_over_w - w
+    return _fritsch_update(w, log_z_over_w - w)
+
+
+def _fritsch_update(w: jax.Array, zn: jax.Array) -> jax.Array:
+    """One Fritsch step from ``w`` given its residual ``zn = log(z / w) - w``."""
     wp1 = 1.0 + w
     q = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
     return w + w * zn * (q - zn) / (wp1 * (q - 2.0 * zn))  # one division, not two
@@ -156,10 +160,7 @@ def _compensated_fritsch_step(w: jax.Array, z: jax.Array) -> jax.Array:
     q = z / w_h
     q_h = _high_bits(q)
     r = jnp.where(compensate, (z - q_h * w_h) - (q - q_h) * w_h, 0.0)
-    zn = (jnp.log(q) - w_h) + r / z
-    wp1 = 1.0 + w_h
-    q2 = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
-    return w_h + w_h * zn * (q2 - zn) / (wp1 * (q2 - 2.0 * zn))
+    return _fritsch_update(w_h, (jnp.log(q) - w_h) + r / z)
 
 
 def _rough_log(x: jax.Array) -> jax.Array:
