@@ -62,11 +62,14 @@ class FitResult(NamedTuple):
     Attributes:
       params: parameters of the best start (lowest finite objective).
       value: objective at ``params``.
-      converged: whether the best start stopped by a tolerance (not by ``max_steps``).
+      converged: whether the best start converged (see ``all_converged``).
       best_index: index of the best start.
       all_params: final parameters of every start (leading axis = start).
       all_values: final objective of every start (inf where not finite).
-      all_converged: convergence of every start.
+      all_converged: for every start, whether it stopped before ``max_steps`` at a stationary
+        point by the tolerances: its gradient norm at most ``gtol``, or the decrease left along its
+        gradient at most ``ftol`` of the objective (a start whose line search stalled far from a
+        stationary point did not converge; see ``_converged``).
       all_num_steps: L-BFGS steps taken by every start.
     """
 
@@ -212,7 +215,7 @@ def fit_multistart(
     steps_per_round: int = 2,
     polish_steps: int = 50,
     progress: Callable[[int, int, int], None] | None = None,
-    linesearch: str = "backtracking",
+    linesearch: str = "zoom",
     one_by_one: bool | None = None,
 ) -> FitResult:
     """Minimise ``objective(theta, *args)`` from every row of ``starts``; keep the best optimum.
@@ -241,9 +244,12 @@ def fit_multistart(
         start within :data:`NEAR_OPTIMUM` of the best (:func:`_polish_near_best`).
       progress: called as ``progress(round, active_starts, total_starts)`` after each round (each
         compiled call when the starts run one by one; active counts the starts not yet run).
-      linesearch: ``"backtracking"`` (Armijo; about one objective evaluation per iteration, the
-        fastest on the Chinchilla fit) or ``"zoom"`` (strong Wolfe; keeps L-BFGS's curvature pairs
-        valid on badly conditioned objectives, at about 2.5x the cost per iteration).
+      linesearch: ``"zoom"`` (strong Wolfe, the default: every accepted step satisfies the
+        curvature condition, so L-BFGS's memory stays positive definite and a start runs to a
+        stationary point) or ``"backtracking"`` (Armijo; about one objective evaluation per
+        iteration, but a step with ``y . s <= 0`` enters the memory, the next direction can fail to
+        descend and the start stalls: on the Chinchilla data 0.6% of the 4,500 starts reach the
+        best objective against 17% with zoom, on 60 synthetic runs 0.1% against 23%).
       one_by_one: run the starts one by one (True) or vectorised (False); None chooses as above.
 
     Returns:
@@ -303,18 +309,55 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
 
     values = optax.tree.get(carry.state, "value")
     steps = optax.tree.get(carry.state, "count")
-    converged = (steps < max_steps) & jnp.isfinite(values)
+    stopped = (steps < max_steps) & jnp.isfinite(values)
     if polish_steps:
-        carry, steps = _polish_near_best(objective, carry, steps, converged, tuple(args), polish_steps, gtol,
-                                         linesearch)
+        carry, steps = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol, linesearch)
         values = optax.tree.get(carry.state, "value")
+    converged = stopped & _converged(objective, carry, args, ftol, gtol)
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     best = int(jnp.argmin(values))
     return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
 
 
-def _polish_near_best(objective, carry: _Carry, steps, converged, args, polish_steps: int, gtol, linesearch: str):
-    """Every start that stopped by a tolerance (not by ``max_steps``) within :data:`NEAR_OPTIMUM` of
+_ROUNDING_FLOOR = 1e3
+"""The decrease left that counts as none, in ulps of the objective: below it rounding, not the
+objective, decides whether a step lowers it (:func:`_converged`)."""
+
+
+def _converged(objective, carry: _Carry, args, ftol, gtol) -> jax.Array:
+    """Starts at a stationary point by the fit's tolerances: the gradient norm at most ``gtol``, or
+    the decrease left along the gradient at most ``ftol`` of the objective (or its rounding floor).
+
+    A start stops when a step lowers the objective by at most ``ftol`` of it, which is the end of
+    the descent only where the step was not cut short: a line search on the edge of a kink (the
+    Huber loss's), or an L-BFGS memory holding a pair with ``y . s <= 0`` (whose direction does
+    not descend), stops it with a tiny or no decrease far from a stationary point, and that start
+    did not converge. The quadratic model along the gradient measures what is left: the best step
+    along ``-g`` lowers the objective by ``(g . g)^2 / (2 g . H g)`` (``H g`` by one
+    Hessian-vector product per start); a curvature ``g . H g <= 0`` is not a minimum.
+    """
+    values = optax.tree.get(carry.state, "value")
+    grads = optax.tree.get(carry.state, "grad")
+    grad_norm = jax.vmap(optax.tree.norm)(grads)
+    curvature = _gradient_curvature(objective, carry.params, grads, tuple(args))
+    decrease_left = grad_norm**4 / (2.0 * jnp.where(curvature > 0, curvature, 1.0))
+    tolerance = jnp.maximum(ftol, _ROUNDING_FLOOR * jnp.finfo(values.dtype).eps) * jnp.abs(values)
+    return jnp.isfinite(values) & ((grad_norm <= gtol) | ((curvature > 0) & (decrease_left <= tolerance)))
+
+
+@functools.partial(jax.jit, static_argnames=("objective",))
+def _gradient_curvature(objective, params, grads, args) -> jax.Array:
+    """``g . H g`` at every start (a Hessian-vector product each)."""
+
+    def one(p, g):
+        gradient = lambda q: jax.grad(objective)(q, *args)  # noqa: E731
+        return jnp.vdot(g, jax.jvp(gradient, (p,), (g,))[1])
+
+    return jax.vmap(one)(params, grads)
+
+
+def _polish_near_best(objective, carry: _Carry, steps, stopped, args, polish_steps: int, gtol, linesearch: str):
+    """Every start that stopped before ``max_steps`` (``stopped``) within :data:`NEAR_OPTIMUM` of
     the best but not already within 1e-9 of it, and the best start, continued from fresh L-BFGS
     memory by the gradient rule alone (``ftol = 0``), at most ``polish_steps`` more steps each.
 
@@ -329,7 +372,7 @@ def _polish_near_best(objective, carry: _Carry, steps, converged, args, polish_s
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     best = jnp.min(values)
     # Starts already at the best objective (to 1e-9) have nothing to gain, except the best one itself.
-    near = np.flatnonzero(np.asarray(converged & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
+    near = np.flatnonzero(np.asarray(stopped & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
                                      & ((values > best + 1e-9 * jnp.abs(best)) | (jnp.arange(values.size) == jnp.argmin(values)))))
     fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[near])
     carry = jax.tree.map(lambda x, y: x.at[near].set(y), carry, fresh)
