@@ -25,8 +25,9 @@ __all__ = ["format_size", "loss_law_figure", "n_star_figure", "throughput_figure
 
 
 def format_size(n: float) -> str:
-    """A parameter count with a readable unit: 293.6M, 70B, 35.3k."""
-    if not np.isfinite(n):
+    """A parameter count with a readable unit: 293.6M, 70B, 35.3k (``nan`` for a missing one: NaN,
+    or None, as a summary read back from JSON holds it)."""
+    if n is None or not np.isfinite(n):
         return "nan"
     for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:

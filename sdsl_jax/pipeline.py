@@ -100,7 +100,8 @@ def fit_point(
     cached = stages.load("point_fit") if stages is not None else None
     if cached is None:
         fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, starts=starts, progress=progress)
-        rivals = rival_optima(fit.result.all_params, fit.result.all_values, tuple(family.theta_names))
+        rivals = rival_optima(fit.result.all_params, fit.result.all_values, tuple(family.theta_names),
+                              converged=fit.result.all_converged)
         cached = dict(theta=np.asarray(fit.theta), value=np.asarray(fit.result.value),
                       converged=np.asarray(fit.result.converged), not_unique=np.asarray(",".join(rivals)))
         if stages is not None:

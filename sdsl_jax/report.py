@@ -248,7 +248,12 @@ def format_table(summary: dict) -> str:
                     f"{k} {c:.2f}" for k, c in st["identification"][name].items()))
         for name, why in st["skipped"].items():
             print(f"  {name:>10}: not fitted ({why})")
-        print("  The bands above are the stacked mixture's.")
+        lead = law["family"]
+        weight = dict(zip(st["forms"], st["weights"])).get(lead)
+        print("  The bands above are the stacked mixture's; the point columns (N* (point), gamma*, alpha, the "
+              f"speedup before its band) are the {lead} law's point fit (--law"
+              + (f", stacking weight {weight:.3f}" if weight is not None else "")
+              + ("; its posterior failed its checks" if lead in st.get("failed_checks", []) else "") + ").")
     if law.get("not_unique"):
         print("The point fit is not unique (rival optima within 1% of its objective differ in "
               + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")

@@ -42,7 +42,8 @@ def test_reproduces_epoch_huber_fit_from_4500_starts():
     # Every start that ends within 1% of the best objective ends at the same law: a unique point fit.
     from sdsl_jax.infer.point import rival_optima
 
-    assert rival_optima(fit.result.all_params, fit.result.all_values, CHINCHILLA.theta_names) == ()
+    assert rival_optima(fit.result.all_params, fit.result.all_values, CHINCHILLA.theta_names,
+                        converged=fit.result.all_converged) == ()
 
 
 def test_rival_optima_names_the_coordinates_near_optimal_starts_disagree_on():
@@ -52,6 +53,8 @@ def test_rival_optima_names_the_coordinates_near_optimal_starts_disagree_on():
     values = np.array([1.000, 1.005, 1.5])  # the third start is 50% worse: not a rival
     assert rival_optima(theta, values, ("a", "b", "e")) == ("b",)
     assert rival_optima(theta, np.array([1.0, np.inf, np.nan]), ("a", "b", "e")) == ()
+    # A start that stopped short of a stationary point is no optimum, rival or not.
+    assert rival_optima(theta, values, ("a", "b", "e"), converged=np.array([True, False, True])) == ()
 
 
 def test_recovers_a_known_law_from_synthetic_runs():

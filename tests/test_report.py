@@ -69,3 +69,15 @@ def test_a_point_fit_at_a_bound_is_named_and_never_shown_as_the_answer():
     assert "at a bound" not in report.format_table(summary)
     assert not any("at a bound" in w for w in report.add_data_checks(bare | {"loss_law": summary["loss_law"]}, None,
                                                                      runs=runs, acceptance=None))
+
+
+def test_under_stacking_the_table_names_whose_point_fit_the_point_columns_are():
+    """The shipped ladder fit stacks the forms: its bands are the mixture's (Kaplan, weight 1.000),
+    its point columns the --law fit's (Chinchilla, weight 0, its posterior failed its checks). The
+    table says whose each is, so a point outside its row's band reads as what it is."""
+    with open(os.path.join(REPO, "fits", "ladder", "fit", "summary.json")) as handle:
+        summary = json.load(handle)
+    table = report.format_table(summary)
+    assert summary["loss_law"]["family"] == "chinchilla" and "chinchilla" in summary["stacking"]["failed_checks"]
+    assert ("the point columns (N* (point), gamma*, alpha, the speedup before its band) are the chinchilla law's "
+            "point fit (--law, stacking weight 0.000; its posterior failed its checks)") in table

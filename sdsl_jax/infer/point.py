@@ -230,7 +230,8 @@ def fit_multistart(
     are SciPy L-BFGS-B's, except that the decrease is relative to the objective itself (not to
     ``max(|f|, 1)``: a summed loss of 1e-3 would stop at a decrease of 1e-6 of itself): relative
     decrease <= ``ftol`` or gradient norm <= ``gtol``; ``max_steps`` caps a start (and then it is
-    reported as not converged).
+    reported as not converged). A start that stalled short of a stationary point (see
+    ``FitResult.all_converged``) is restarted once from fresh L-BFGS memory.
 
     Args:
       objective: scalar function ``objective(theta, *args)``; a module-level function (not a
@@ -310,6 +311,12 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     values = optax.tree.get(carry.state, "value")
     steps = optax.tree.get(carry.state, "count")
     stopped = (steps < max_steps) & jnp.isfinite(values)
+    # A start that stalled short of a stationary point (a line search that found no lower point)
+    # is restarted once from fresh L-BFGS memory, as SciPy's L-BFGS-B does after a failed search.
+    stalled = np.flatnonzero(np.asarray(stopped & ~_converged(objective, carry, args, ftol, gtol)))
+    carry, steps, restarted_steps = _continue_afresh(objective, carry, steps, stalled, tuple(args), max_steps, ftol,
+                                                     gtol, linesearch)
+    stopped = stopped.at[stalled].set(restarted_steps < max_steps)
     if polish_steps:
         carry, steps = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol, linesearch)
         values = optax.tree.get(carry.state, "value")
@@ -374,16 +381,28 @@ def _polish_near_best(objective, carry: _Carry, steps, stopped, args, polish_ste
     # Starts already at the best objective (to 1e-9) have nothing to gain, except the best one itself.
     near = np.flatnonzero(np.asarray(stopped & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
                                      & ((values > best + 1e-9 * jnp.abs(best)) | (jnp.arange(values.size) == jnp.argmin(values)))))
-    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[near])
-    carry = jax.tree.map(lambda x, y: x.at[near].set(y), carry, fresh)
-    limits = (jnp.asarray(polish_steps, jnp.int32), jnp.zeros_like(best), jnp.asarray(gtol, best.dtype))
+    carry, steps, _ = _continue_afresh(objective, carry, steps, near, args, polish_steps, 0.0, gtol, linesearch)
+    return carry, steps
+
+
+def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args, max_steps: int, ftol, gtol,
+                     linesearch: str):
+    """The starts ``indices`` continued from fresh L-BFGS memory, one by one, to their stopping rule
+    (at most ``max_steps`` more steps each): the carry, the total steps, and the new run's steps."""
+    if indices.size == 0:
+        return carry, steps, jnp.zeros(0, jnp.int32)
+    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[indices])
+    carry = jax.tree.map(lambda x, y: x.at[indices].set(y), carry, fresh)
+    dtype = carry.params.dtype
+    limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, dtype), jnp.asarray(gtol, dtype))
     num_starts = carry.params.shape[0]
-    for first in range(0, near.size, _STARTS_PER_CALL):
-        indices = np.full(_STARTS_PER_CALL, num_starts)  # padding past the last start is skipped
-        chunk = near[first : first + _STARTS_PER_CALL]
-        indices[: chunk.size] = chunk
-        carry = _run_one_by_one(objective, carry, indices, args, *limits, linesearch=linesearch)
-    return carry, steps.at[near].add(optax.tree.get(carry.state, "count")[near])
+    for first in range(0, indices.size, _STARTS_PER_CALL):
+        call = np.full(_STARTS_PER_CALL, num_starts)  # padding past the last start is skipped
+        chunk = indices[first : first + _STARTS_PER_CALL]
+        call[: chunk.size] = chunk
+        carry = _run_one_by_one(objective, carry, call, args, *limits, linesearch=linesearch)
+    new_steps = optax.tree.get(carry.state, "count")[indices]
+    return carry, steps.at[indices].add(new_steps), new_steps
 
 
 def loss_law_objective(theta, log_n, log_d, log_loss, delta=1e-3) -> jax.Array:
@@ -591,14 +610,17 @@ NEAR_OPTIMUM = 1e-2
 
 
 def rival_optima(all_theta: np.ndarray, all_values: np.ndarray, names: tuple[str, ...], *,
-                 near: float = NEAR_OPTIMUM, spread: float = 0.05) -> tuple[str, ...]:
+                 converged: np.ndarray | None = None, near: float = NEAR_OPTIMUM,
+                 spread: float = 0.05) -> tuple[str, ...]:
     """Coordinates that differ by more than ``spread`` among the starts within ``near`` of the best.
 
     A multi-start fit (:func:`fit_multistart`'s ``all_params``, ``all_values``) whose near-best starts
-    disagree is one of several near-equal optima: a machine's rounding can pick another.
+    disagree is one of several near-equal optima: a machine's rounding can pick another. With
+    ``converged`` (``all_converged``) only starts that ended at a stationary point count: one that
+    stopped on the way is not an optimum.
     """
     values = np.asarray(all_values, np.float64)
-    ok = np.isfinite(values)
+    ok = np.isfinite(values) & (True if converged is None else np.asarray(converged, bool))
     if not ok.any():
         return ()
     best = values[ok].min()
