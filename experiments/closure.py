@@ -88,7 +88,8 @@ def parse_args(argv):
     p.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
                    help="how --stack weighs the loss laws: rows (default), PSIS-LOO over the pre-training rows; "
                         "sizes, each model size of the fit's data left out in turn and every law refitted without "
-                        "it, inside every prospective and forward refit too (nested; many posteriors per refit)")
+                        "it, and each draft size of its pairs for the acceptance models, inside every prospective "
+                        "and forward refit too (nested; many posteriors per refit)")
     p.add_argument("--chains", type=int, default=4)
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--draws", type=int, default=500)

@@ -32,6 +32,7 @@ __all__ = [
     "grouped_stacking_weights",
     "SizeFolds",
     "size_fold_weights",
+    "draft_size_fold_weights",
     "stack",
     "mixture_log_density",
     "loo_log_densities",
@@ -245,12 +246,13 @@ def grouped_stacking_weights(log_density: dict[str, np.ndarray], *, groups: str,
 
 
 class SizeFolds(NamedTuple):
-    """Grouped leave-one-size-out predictive densities of loss-law forms (:func:`size_fold_weights`).
+    """Grouped leave-one-size-out predictive densities of forms: loss laws by model size
+    (:func:`size_fold_weights`), acceptance models by draft size (:func:`draft_size_fold_weights`).
 
     Attributes:
       weights: the stacking weights over the forms from these densities (:func:`grouped_stacking_weights`).
-      log_density: per form, the log predictive density of each row when its model size was left out
-        (rows in the data's order).
+      log_density: per form, the log predictive density of each row (pair) when its model (draft)
+        size was left out (rows in the data's order).
       fold_problems: per form, the folds whose posterior failed its checks (the size left out, ``"%.6g"``,
         or ``"first-last"`` of a group of sizes), with the checks; a form with any gets no weight.
     """
@@ -316,34 +318,89 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
             except IdentifiabilityError as err:
                 log(f"stacking by size: {family.name} cannot be fitted without size(s) {label} ({err.problem})")
                 return None
+    by_name = {family.name: family for family in families}
+
+    def fit_fold(name, keep):
+        train, test = runs.select(keep), runs.select(~keep)
+        post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=by_name[name],
+                               run=train.run_index()[0] if run_effects else None, num_chains=num_chains,
+                               num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
+                               prior_width=prior_width, progress_bar=False)
+        return _new_runs_log_density(post.samples, by_name[name], test, seed=seed), post.diagnostics.problems
+
+    return _stacked_folds(tuple(by_name), [(keep, label) for keep, label, _, _ in folds], fit_fold, num_rows=len(runs),
+                          failed=failed, stages_for=stages_for, stage="fold", what="size", without="size(s) {}",
+                          groups="model sizes", log=log)
+
+
+def draft_size_fold_weights(pairs: AcceptanceMeasurements, models: Sequence[AcceptanceModel], *,
+                            effect_sides: tuple[str, ...] = (), num_chains: int = 4, num_warmup: int = 500,
+                            num_samples: int = 500, seed: int = 0, failed: Sequence[str] = (),
+                            stages_for: Callable[[str], StageStore | None] = lambda name: None,
+                            log: Callable[[str], None] = print) -> SizeFolds | None:
+    """Stacking weights over acceptance models for draft sizes the pairs do not hold: grouped
+    leave-one-draft-size-out, the acceptance side of :func:`size_fold_weights`.
+
+    For every model and every draft size of ``pairs``, the model's posterior on the pairs of the other
+    draft sizes (:func:`sdsl_jax.validation.holdout.acceptance_fold`, with per-model effects of
+    ``effect_sides``: the left-out drafts are new models and draw theirs) and the log predictive
+    density of the left-out pairs; then Bayesian stacking of those densities. PSIS-LOO over pairs
+    scores a pair whose draft the fit has seen in its other pairs; choosing a draft for a target asks
+    how a model predicts a draft size it has not, which only leaving out the size measures. Each pair
+    is left out once (with its draft). A model whose fold posterior fails its checks, or named in
+    ``failed``, gets no weight; a model named in ``failed`` is not refitted while another is not.
+    ``stages_for(name)``: each fold's densities kept there (``draft-fold-<size>``) as it ends.
+    Returns None with fewer than two models or two draft sizes.
+    """
+    from sdsl_jax.validation.holdout import acceptance_fold
+
+    sizes = sorted(set(map(float, pairs.n_draft)))
+    if len(models) < 2 or len(sizes) < 2:
+        return None
+    by_name = {model.name: model for model in models}
+
+    def fit_fold(name, keep):
+        fold = acceptance_fold(pairs, keep, by_name[name], chains=num_chains, warmup=num_warmup, draws=num_samples,
+                               seed=seed, model_effects=effect_sides)
+        return fold["log_density"], fold["problems"]
+
+    folds = [(np.asarray(pairs.n_draft, np.float64) != size, f"{size:.6g}") for size in sizes]
+    return _stacked_folds(tuple(by_name), folds, fit_fold, num_rows=len(pairs), failed=failed, stages_for=stages_for,
+                          stage="draft-fold", what="draft size", without="drafts of {}", groups="draft sizes",
+                          log=log)
+
+
+def _stacked_folds(names: tuple[str, ...], folds: list[tuple[np.ndarray, str]], fit_fold, *, num_rows: int,
+                   failed: Sequence[str], stages_for, stage: str, what: str, without: str, groups: str,
+                   log: Callable[[str], None]) -> SizeFolds:
+    """Every form's held-out densities over ``folds`` (``(keep, label)``: the rows kept), fold by fold
+    (``fit_fold(name, keep) -> (log densities of the rows left out, the posterior's problems)``, each
+    kept in ``stages_for(name)`` as ``<stage>-<label>`` when it ends), and their stacking weights.
+    A form named in ``failed`` is not refitted while another form is not."""
     density, problems = {}, {}
-    unscored = set(failed) if any(family.name not in failed for family in families) else set()
-    for family in families:
-        stages, rows, failed_folds = stages_for(family.name), np.full(len(runs), np.nan), {}
-        density[family.name], problems[family.name] = rows, failed_folds
-        if family.name in unscored:
-            log(f"stacking by size: {family.name} not refitted by size (its posterior on all the data failed "
-                "its checks: no weight)")
+    unscored = set(failed) if any(name not in failed for name in names) else set()
+    for name in names:
+        stages, rows, failed_folds = stages_for(name), np.full(num_rows, np.nan), {}
+        density[name], problems[name] = rows, failed_folds
+        if name in unscored:
+            log(f"stacking by {what}: {name} not refitted by {what} (its posterior on all the data failed its "
+                "checks: no weight)")
             continue
-        for keep, label, train, test in folds:
-            stored = stages.load(f"fold-{label}") if stages is not None else None
+        for keep, label in folds:
+            stored = stages.load(f"{stage}-{label}") if stages is not None else None
             if stored is None:
-                post = sample_loss_law(train.n_params, train.n_tokens, train.loss, family=family,
-                                       run=train.run_index()[0] if run_effects else None, num_chains=num_chains,
-                                       num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
-                                       prior_width=prior_width, progress_bar=False)
-                stored = dict(log_density=_new_runs_log_density(post.samples, family, test, seed=seed),
-                              problems=np.array(list(post.diagnostics.problems), dtype=str))
+                log_density, fold_problems = fit_fold(name, keep)
+                stored = dict(log_density=np.asarray(log_density, np.float64),
+                              problems=np.array(list(fold_problems), dtype=str))
                 if stages is not None:
-                    stages.save(f"fold-{label}", **stored)
+                    stages.save(f"{stage}-{label}", **stored)
             rows[~keep] = stored["log_density"]
             if len(stored["problems"]):
                 failed_folds[label] = [str(p) for p in stored["problems"]]
-            log(f"stacking by size: {family.name} without size(s) {label}: held-out log density "
+            log(f"stacking by {what}: {name} without {without.format(label)}: held-out log density "
                 f"{float(np.sum(stored['log_density'])):.2f}" + (" (its posterior failed its checks)" if
                                                                  len(stored["problems"]) else ""))
-    weights = grouped_stacking_weights(density, groups="model sizes",
-                                       failed=[n for n in density if problems[n] or n in failed])
+    weights = grouped_stacking_weights(density, groups=groups, failed=[n for n in density if problems[n] or n in failed])
     return SizeFolds(weights, density, problems)
 
 

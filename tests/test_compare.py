@@ -209,3 +209,67 @@ def test_a_form_whose_posterior_on_all_the_data_failed_gets_no_size_fold_weight(
     assert fitted == ["data"] * 4 and "chinchilla not refitted by size" in lines[0]
     assert np.isnan(folds.log_density["chinchilla"]).all() and np.isnan(folds.weights.elpd_loo[0])
     assert "failed its checks get weight 0" in folds.weights.method
+
+
+def _saturating_pairs(seed=0):
+    """Every (draft, target) pair of six model sizes, acceptance from a logit plane (it saturates: no
+    plane on raw perplexities follows it across sizes), with a little noise."""
+    from sdsl_jax import LogitPlane
+    from sdsl_jax.data import AcceptanceMeasurements
+
+    sizes = np.geomspace(1e6, 1e9, 6)
+    ppl = 2.0 + 30.0 * (sizes / 1e6) ** -0.25
+    pairs = [(i, j) for j in range(len(sizes)) for i in range(j)]
+    x, y = ppl[[i for i, _ in pairs]], ppl[[j for _, j in pairs]]
+    alpha = np.asarray(LogitPlane(-0.5, 0.6, 3.0).rate(x, y))
+    alpha = np.clip(alpha + np.random.default_rng(seed).normal(0.0, 0.005, alpha.size), 0.01, 0.99)
+    nan, ones = np.full(len(pairs), np.nan), np.ones(len(pairs))
+    return AcceptanceMeasurements(
+        draft=tuple(f"d{i}" for i, _ in pairs), target=tuple(f"t{j}" for _, j in pairs),
+        n_draft=sizes[[i for i, _ in pairs]], n_target=sizes[[j for _, j in pairs]], d_draft=1e10 * ones,
+        d_target=1e10 * ones, ppl_draft=x, ppl_target=y, alpha=alpha, gamma=nan, n_iterations=nan, accepted=nan,
+        weight=nan, temperature=ones, source=(None,) * len(pairs))
+
+
+def test_draft_size_folds_weigh_acceptance_models_by_drafts_they_did_not_see_and_resume(tmp_path, monkeypatch):
+    """Leaving each draft size out (its pairs with every target), the saturating model the pairs came
+    from predicts them and the plane does not: it takes the weight; every pair is scored once; a
+    second call with the same stages fits nothing again."""
+    from sdsl_jax import LOGIT_PLANE, PLANE
+    from sdsl_jax.compare import draft_size_fold_weights
+    from sdsl_jax.store import StageStore
+    from sdsl_jax.validation import holdout
+
+    pairs = _saturating_pairs()
+    settings = dict(num_chains=1, num_warmup=150, num_samples=150, seed=0, log=lambda _: None)
+    stores = lambda name: StageStore(str(tmp_path / name), resume=True, inputs=dict(form=name))  # noqa: E731
+    folds = draft_size_fold_weights(pairs, [PLANE, LOGIT_PLANE], stages_for=stores, **settings)
+    assert folds.weights.names == ("plane", "logit-plane") and "draft sizes left out" in folds.weights.method
+    for name in folds.weights.names:
+        assert folds.log_density[name].shape == (len(pairs),) and np.isfinite(folds.log_density[name]).all()
+    assert folds.log_density["logit-plane"].sum() > folds.log_density["plane"].sum() + 5.0
+    assert folds.weights.weights[1] > 0.9
+
+    def refuse(*args, **kw):
+        raise AssertionError("a stored fold was fitted again")
+
+    monkeypatch.setattr(holdout, "acceptance_fold", refuse)
+    again = draft_size_fold_weights(pairs, [PLANE, LOGIT_PLANE], stages_for=stores, **settings)
+    np.testing.assert_array_equal(again.log_density["plane"], folds.log_density["plane"])
+
+
+@pytest.mark.slow  # the draft-size folds are covered fast above; this is the closure's wiring
+def test_a_closure_fit_weighs_its_acceptance_models_by_draft_sizes_it_did_not_see():
+    """``fit_forms(weights_by="sizes")`` with pairs: the acceptance models' weights from their
+    draft-size folds, PSIS-LOO over pairs recorded beside them."""
+    from sdsl_jax import CHINCHILLA, LOGIT_PLANE, PLANE
+    from sdsl_jax.validation.forms import fit_forms
+
+    runs, pairs = _sized_runs([1e7, 3e7, 1e8, 3e8]), _saturating_pairs()
+    forms, summary = fit_forms(runs, pairs, families=[CHINCHILLA], models=(PLANE, LOGIT_PLANE), starts_every=50,
+                               chains=1, warmup=150, draws=150, propagate=50, seed=0, weights_by="sizes",
+                               log=lambda _: None)
+    models = summary["acceptance_models"]
+    assert models["logit-plane"]["held_out_log_density"] > models["plane"]["held_out_log_density"]
+    assert models["logit-plane"]["weight"] > 0.9 and forms[0].name == "chinchilla + logit-plane"
+    assert all(np.isfinite(models[n]["elpd_loo"]) for n in models)  # PSIS-LOO over pairs, for comparison

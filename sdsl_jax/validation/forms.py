@@ -102,7 +102,9 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     data (:func:`sdsl_jax.compare.size_fold_weights`, each law refitted once per size of ``runs``,
     its folds kept in ``stages``), row-wise PSIS-LOO recorded beside them; a refit for a prospective
     or forward score is then weighted by the sizes it holds, nested inside it. The acceptance
-    models' weights stay PSIS-LOO over pairs.
+    models' weights likewise from leave-one-draft-size-out densities of the pairs
+    (:func:`sdsl_jax.compare.draft_size_fold_weights`, each model refitted once per draft size),
+    PSIS-LOO over pairs recorded beside them.
     """
     from sdsl_jax import compare, pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
@@ -149,17 +151,33 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
             stages_for=lambda name: None if stages is None else stages.store(
                 runs, pairs, points[name, first_model].family, models[0], prior_width=prior_width),
             log=lambda line: log("  " + line))
+    acc_folds = None
+    if weights_by == "sizes" and pairs is not None and len(plane_runs) > 1:
+        from sdsl_jax.infer.models import sampled_effect_sides
+
+        first_family = points[next(iter(law_runs)), first_model].family
+        acc_folds = compare.draft_size_fold_weights(
+            pairs, models, effect_sides=sampled_effect_sides(plane_runs[first_model].samples), num_chains=chains,
+            num_warmup=warmup, num_samples=draws, seed=seed,
+            stages_for=lambda name: None if stages is None else stages.store(
+                runs, pairs, first_family, next(m for m in models if m.name == name), prior_width=prior_width),
+            log=lambda line: log("  " + line))
 
     def form_weights():
-        """(the laws' weights, the acceptance models', the laws' by PSIS-LOO over rows)."""
+        """(the laws' weights, the acceptance models', the laws' by PSIS-LOO over rows, the acceptance
+        models' by PSIS-LOO over pairs)."""
         rows_w = compare.stacking_weights(runs, {f: posts[f, first_model] for f in law_runs},
                                           families={f: points[f, first_model].family for f in law_runs})
         law_w = rows_w if folds is None else compare.grouped_stacking_weights(
             folds.log_density, groups="model sizes",
             failed=[f for f in folds.log_density if folds.fold_problems[f] or f in rows_w.failed])
-        return law_w, _acceptance_weights(pairs, plane_runs, models), rows_w
+        pairs_w = _acceptance_weights(pairs, plane_runs, models)
+        acc_w = pairs_w if acc_folds is None else compare.grouped_stacking_weights(
+            acc_folds.log_density, groups="draft sizes",
+            failed=[m for m in acc_folds.log_density if acc_folds.fold_problems[m] or m in pairs_w.failed])
+        return law_w, acc_w, rows_w, pairs_w
 
-    law_w, acc_w, rows_w = form_weights()
+    law_w, acc_w, rows_w, pairs_w = form_weights()
     for k in range(1, reruns + 1 if rerun_weight is not None else 1):
         again = [(kind, name) for kind, w in (("law", law_w), ("acceptance", acc_w))
                  for name in compare.failed_forms_worth_rerunning(w, min_weight=rerun_weight)]
@@ -188,7 +206,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
             posts[f, m] = pipeline.sample_posterior(runs, pairs, points[f, m], law_run=law_runs[f],
                                                     plane_run=plane_runs.get(m), seed=seed, plane_seed=seed,
                                                     prior_width=prior_width)
-        law_w, acc_w, rows_w = form_weights()
+        law_w, acc_w, rows_w, pairs_w = form_weights()
     if pairs is None:
         plane_runs = {}
     weights = {(f, m): float(w_law * w_acc) for f, w_law in zip(law_w.names, law_w.weights)
@@ -203,7 +221,11 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                      fold_problems=folds.fold_problems[n])))
                          for n, w, e, se, k in zip(rows_w.names, law_w.weights, *rows_w[2:5])},
                    acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
-                                              pareto_k_max=float(k)) for n, w, e, se, k in zip(*acc_w[:5])},
+                                              pareto_k_max=float(k), **({} if acc_folds is None else dict(
+                                                  held_out_log_density=float(
+                                                      acc_folds.weights.elpd_loo[acc_folds.weights.names.index(n)]),
+                                                  fold_problems=acc_folds.fold_problems[n])))
+                                      for n, w, e, se, k in zip(pairs_w.names, acc_w.weights, *pairs_w[2:5])},
                    forms={form.name: form.weight for form in forms},
                    failed_checks=[*law_w.failed, *acc_w.failed], point_fit_at_bound=at_bound,
                    diagnostics={name: run.diagnostics._asdict() for name, run in {**law_runs, **plane_runs}.items()})
