@@ -57,8 +57,10 @@ class Log:
     """``log(msg)`` prints ``[elapsed] msg`` unless quiet.
 
     ``with log.heartbeat(10):`` keeps a long step from looking hung: whenever nothing has been
-    printed for ``seconds``, a line says which step is still running and for how long (from a
-    daemon thread, so it also speaks during one long compiled call such as NUTS).
+    printed for ``seconds``, a line says how long the work has run since the last line printed, and
+    quotes it (from a daemon thread, so it also speaks during one long compiled call such as NUTS).
+    The last line announces the step that runs or reports the one that ended; either way the work
+    is what comes after it.
     """
 
     def __init__(self, quiet: bool = False):
@@ -98,7 +100,7 @@ class Log:
                     now = time.perf_counter()
                     silent, step, running = now - self._last_time, self._last_msg, now - self._step_start
                 if silent >= seconds:
-                    self(f"  ... still working ({running:.0f} s on this step): {_shorten(step)}")
+                    self(f"  ... still working, {running:.0f} s after: {_shorten(step)}")
 
         thread = threading.Thread(target=beat, name="sdsl-heartbeat", daemon=True)
         thread.start()

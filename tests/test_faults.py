@@ -417,3 +417,22 @@ def test_a_stages_path_that_is_a_file_is_exit_2_for_the_measuring_commands(tmp_p
     (out / "stages").write_text("not a folder")
     assert latency.main(["--preset", "micro", "--no-loops", "--cache-length", "8", "--out", str(out), "--quiet"]) == 2
     _refused(capsys, "stages")
+
+
+def test_a_silent_step_gets_a_heartbeat_that_quotes_the_last_line_and_the_time_since(capsys):
+    """A step that prints nothing for longer than the heartbeat's interval is not silent: a line
+    says the work goes on, for how long since the last line, and quotes that line."""
+    from experiments.runlog import Log
+
+    log = Log()
+    with log.heartbeat(0.3):
+        log("stacking by size: kaplan without size(s) 46464: held-out log density 8.10")
+        time.sleep(1.0)
+    lines = capsys.readouterr().out.splitlines()
+    beats = [line for line in lines if "... still working" in line]
+    assert beats and all(line.endswith("s after: stacking by size: kaplan without size(s) 46464: held-out log "
+                                       "density 8.10") for line in beats)
+    quiet = Log(quiet=True)
+    with quiet.heartbeat(0.1):
+        time.sleep(0.3)
+    assert "still working" not in capsys.readouterr().out
