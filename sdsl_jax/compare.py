@@ -262,18 +262,6 @@ class SizeFolds(NamedTuple):
     fold_problems: dict[str, dict[str, list[str]]]
 
 
-def _new_runs_log_density(samples: dict, family: LossLawFamily, test: PretrainingRuns, *, seed: int) -> np.ndarray:
-    """Each held-out row's predictive log density, every run of ``test`` a new run with its own effects."""
-    from sdsl_jax.validation.holdout import new_run_log_density
-
-    labels = np.array(test.run_labels(), dtype=object)
-    out = np.empty(len(test))
-    for k, label in enumerate(dict.fromkeys(labels)):
-        rows = labels == label
-        out[rows] = new_run_log_density(samples, family, test.select(rows), seed=seed + 7919 * k)[0]
-    return out
-
-
 def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], *, num_chains: int = 4,
                       num_warmup: int = 500, num_samples: int = 500, retries: int = 0, seed: int = 0,
                       run_effects: bool = False, failed: Sequence[str] = (), max_folds: int = 10,
@@ -303,6 +291,7 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
     """
     from sdsl_jax.infer import sample_loss_law
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data
+    from sdsl_jax.validation.holdout import new_run_log_density
 
     sizes = np.array(sorted(set(map(float, runs.n_params))))
     groups = [g for g in np.array_split(sizes, min(max_folds, sizes.size)) if g.size]
@@ -326,7 +315,7 @@ def size_fold_weights(runs: PretrainingRuns, families: Sequence[LossLawFamily], 
                                run=train.run_index()[0] if run_effects else None, num_chains=num_chains,
                                num_warmup=num_warmup, num_samples=num_samples, seed=seed, retries=retries,
                                prior_width=prior_width, progress_bar=False)
-        return _new_runs_log_density(post.samples, by_name[name], test, seed=seed), post.diagnostics.problems
+        return new_run_log_density(post.samples, by_name[name], test, seed=seed)[0], post.diagnostics.problems
 
     return _stacked_folds(tuple(by_name), [(keep, label) for keep, label, _, _ in folds], fit_fold, num_rows=len(runs),
                           failed=failed, stages_for=stages_for, stage="fold", what="size", without="size(s) {}",

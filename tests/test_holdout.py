@@ -72,3 +72,29 @@ def test_acceptance_folds_report_their_failed_checks(tmp_path):
     for size, problems in r["fold_problems"].items():
         assert any("bulk ESS" in p for p in problems)
         assert f"| acceptance plane | {size} | {'; '.join(problems)} |" in md
+
+
+def test_every_held_out_run_is_its_own_new_run():
+    """Held-out rows of two runs: each run draws its own effect (the k-th from seed + 7919 k + 1), so
+    scoring them together equals scoring each run alone with its seed, and differs from the rows
+    forced to share one run's effect."""
+    from sdsl_jax import CHINCHILLA
+    from sdsl_jax.data.tables import select_rows
+
+    draws = 200
+    samples = {name: np.full(draws, value) for name, value in zip(CHINCHILLA.theta_names, [6.0, 7.6, 0.5, 0.35, 0.37])}
+    samples.update(sigma=np.full(draws, 0.01), nu=np.full(draws, 10.0), run_sd=np.full(draws, 0.2),
+                   run_slope_sd=np.full(draws, 0.02), centre_log_d=np.float64(25.0))
+    base = synthetic_runs()
+    rows = np.flatnonzero(base.n_params == base.n_params[0])[:4]
+    two_runs = select_rows(base, rows)
+    two_runs = PretrainingRuns(n_params=two_runs.n_params, n_tokens=two_runs.n_tokens,
+                               loss=two_runs.loss * np.exp([0.2, 0.2, -0.2, -0.2]), name=two_runs.name,
+                               flops=two_runs.flops, source=two_runs.source, run=("a", "a", "b", "b"))
+    together = holdout.new_run_log_density(samples, CHINCHILLA, two_runs, seed=3)[0]
+    alone = [holdout.new_run_log_density(samples, CHINCHILLA, select_rows(two_runs, np.array(m)), seed=s)[0]
+             for m, s in (([0, 1], 3), ([2, 3], 3 + 7919))]
+    np.testing.assert_allclose(together, np.concatenate(alone), rtol=1e-12)
+    shared = PretrainingRuns(n_params=two_runs.n_params, n_tokens=two_runs.n_tokens, loss=two_runs.loss,
+                             name=two_runs.name, flops=two_runs.flops, source=two_runs.source, run=("a",) * 4)
+    assert not np.allclose(holdout.new_run_log_density(samples, CHINCHILLA, shared, seed=3)[0], together)

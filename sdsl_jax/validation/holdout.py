@@ -35,10 +35,11 @@ def _log_mean_exp(x: np.ndarray, axis: int = 0) -> np.ndarray:
 def new_run_log_density(samples: dict, family, test, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The posterior-predictive log density of runs the posterior has not seen, per row of ``test``.
 
-    The held-out rows are one NEW run: with run effects in ``samples`` each draw gives them one
-    shared intercept and slope in log D (:func:`sdsl_jax.infer.new_run_effect`, Monte Carlo over
-    the draws), on top of their Student-t residuals. Returns ``(log density per row, the law's mean
-    log loss per draw and row, that mean plus the new run's effect)``.
+    Every run of ``test`` (``run_labels``) is a NEW run: with run effects in ``samples`` each draw
+    gives its rows one shared intercept and slope in log D (:func:`sdsl_jax.infer.new_run_effect`,
+    Monte Carlo over the draws; the k-th run's from ``seed + 7919 k + 1``), on top of their
+    Student-t residuals. Returns ``(log density per row, the law's mean log loss per draw and row,
+    that mean plus the runs' effects)``.
     """
     import jax
 
@@ -48,8 +49,13 @@ def new_run_log_density(samples: dict, family, test, *, seed: int) -> tuple[np.n
     sigma, nu = (np.asarray(samples[k]).reshape(-1) for k in ("sigma", "nu"))
     ln, ld = np.log(test.n_params), np.log(test.n_tokens)
     law_mean = np.asarray(jax.vmap(lambda t: family.log_prediction(t, ln, ld))(theta))  # (draws, held-out rows)
-    mean = law_mean + infer.new_run_effect(samples, ld, centre_log_d=float(samples.get("centre_log_d", 0.0)),
-                                           seed=seed + 1)
+    labels = np.array(test.run_labels(), dtype=object)
+    effect = np.zeros_like(law_mean)
+    for k, label in enumerate(dict.fromkeys(labels)):
+        rows = labels == label
+        effect[:, rows] = infer.new_run_effect(samples, ld[rows], centre_log_d=float(samples.get("centre_log_d", 0.0)),
+                                               seed=seed + 7919 * k + 1)
+    mean = law_mean + effect
     y = np.log(test.loss)
     return _log_mean_exp(student_t_logpdf(y[None], mean, sigma[:, None], nu[:, None]), axis=0), law_mean, mean
 
@@ -58,8 +64,8 @@ def loss_law_fold(runs, keep, family, *, chains, warmup, draws, seed, starts_eve
     """Fit ``family`` on ``runs[keep]``; predictive log densities and bands for ``runs[~keep]``.
 
     With ``run_effects`` the hierarchical posterior (:func:`sdsl_jax.infer.models.run_effects_model_for`):
-    the held-out runs are one NEW run, so each draw gives them one shared intercept and slope in
-    log D (Monte Carlo over the draws) on top of their Student-t residuals. ``problems``: the checks
+    each held-out run is a NEW run, so each draw gives its rows one shared intercept and slope in
+    log D (Monte Carlo over the draws) on top of their Student-t residuals (:func:`new_run_log_density`). ``problems``: the checks
     the fold's posterior failed, empty when it passed (a law with a failed fold gets no stacking weight).
     """
     from sdsl_jax import infer, fit_loss_law
