@@ -127,12 +127,11 @@ def test_a_start_whose_line_search_finds_no_lower_point_is_not_reported_converge
         grad_norm = np.linalg.norm(np.asarray(jax.vmap(jax.grad(point.loss_law_objective), (0, None, None, None))(
             fit.all_params, *args)), axis=1)
         converged = np.asarray(fit.all_converged)
-        # A start reported converged is stationary (gradients of 1e-7 to 1e-5 on this summed loss of
-        # 4e-4 to 7e-3; the starts that stalled end near 6e-2, Huber's slope 1e-3 times the 60 rows).
-        assert np.all(grad_norm[converged] < 1e-4), ls
+        # No start that ended away from a stationary point is reported converged (the stalled ones end
+        # near 6e-2, Huber's slope 1e-3 times the 60 rows; converged ones here at 1e-7 to 3e-5).
         assert not np.any(converged[grad_norm > 1e-3]), ls
         assert np.any(grad_norm > 1e-3), ls  # stalled starts exist under both line searches
-    assert np.mean(fits["backtracking"].all_converged) < 0.5  # most backtracking starts stall here
+    assert np.mean(fits["backtracking"].all_converged) < 0.5 < np.mean(fits["zoom"].all_converged)
     assert float(fits["zoom"].value) < 0.5 * float(fits["backtracking"].value)
 
 
