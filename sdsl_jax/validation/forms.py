@@ -220,12 +220,13 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
                                      held_out_log_density=float(folds.weights.elpd_loo[folds.weights.names.index(n)]),
                                      fold_problems=folds.fold_problems[n])))
                          for n, w, e, se, k in zip(rows_w.names, law_w.weights, *rows_w[2:5])},
-                   acceptance_models={n: dict(weight=float(w), elpd_loo=float(e), elpd_se=float(se),
+                   acceptance_models={n: dict(weight=float(dict(zip(acc_w.names, acc_w.weights))[n]),
+                                              elpd_loo=float(e), elpd_se=float(se),
                                               pareto_k_max=float(k), **({} if acc_folds is None else dict(
                                                   held_out_log_density=float(
                                                       acc_folds.weights.elpd_loo[acc_folds.weights.names.index(n)]),
                                                   fold_problems=acc_folds.fold_problems[n])))
-                                      for n, w, e, se, k in zip(pairs_w.names, acc_w.weights, *pairs_w[2:5])},
+                                      for n, e, se, k in zip(pairs_w.names, *pairs_w[2:5])},
                    forms={form.name: form.weight for form in forms},
                    failed_checks=[*law_w.failed, *acc_w.failed], point_fit_at_bound=at_bound,
                    diagnostics={name: run.diagnostics._asdict() for name, run in {**law_runs, **plane_runs}.items()})
