@@ -196,10 +196,21 @@ def calibrate(args, argv) -> int:
                   f"{np.sqrt(0.09 / k):.3f}) [{time.perf_counter() - start:.0f} s]", flush=True)
         record["studies"][name] = dict(coverage=cov, seconds=time.perf_counter() - start)
     if args.out:
-        write_json(os.path.join(args.out, {"sbc": "sbc.json", "misspecified": "misspecified.json"}.get(
-            args.only, "calibration.json")),
+        write_json(os.path.join(args.out, {"sbc": _sbc_name(families, acceptance) + ".json",
+                                           "misspecified": "misspecified.json"}.get(args.only, "calibration.json")),
                    dict(record, versions=versions()))
     return 0
+
+
+def _sbc_name(families: list[str], acceptance: list[str]) -> str:
+    """The SBC summary's file name (without extension): ``sbc`` for every loss-law family; a run of
+    some of them names what it holds (``sbc-data-acceptance-plane``), so that it never replaces the
+    whole study's summary with a part of it."""
+    from sdsl_jax.loss_laws import FAMILIES
+
+    if sorted(families) == sorted(FAMILIES):
+        return "sbc"
+    return "-".join(["sbc", *families, *(f"acceptance-{m}" for m in acceptance)])
 
 
 def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict | None:
@@ -270,7 +281,7 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
         print(f"shard {shard[0]}/{shard[1]} finished; {', '.join(unfinished)} still have datasets with the other "
               "shards: the last shard to finish (or a rerun without --shard) writes the summary", flush=True)
         return None
-    rank_histogram_figure(os.path.join(args.out, "sbc.png"), results, caption=command)
+    rank_histogram_figure(os.path.join(args.out, _sbc_name(families, acceptance) + ".png"), results, caption=command)
     return record
 
 

@@ -227,3 +227,14 @@ def test_a_study_under_a_revised_prior_is_another_study():
     assert prior_key([CHINCHILLA]) == dict(exponent_prior=list(EXPONENT_PRIOR))
     broken, chinchilla = (_sampler_study(**settings, families=(f,)) for f in (BROKEN_POWER_LAW, CHINCHILLA))
     assert broken != chinchilla and broken["prior_revisions"] == {"broken": BROKEN_POWER_LAW.prior_revision}
+
+
+def test_a_run_of_some_families_never_writes_over_the_whole_studys_summary():
+    """``--families data`` once rewrote ``sbc.json`` with the data-only law alone, dropping the other
+    families' results: a partial run names its own summary."""
+    from experiments.calibration import _sbc_name
+    from sdsl_jax.loss_laws import FAMILIES
+
+    assert _sbc_name(list(FAMILIES), ["plane"]) == "sbc"
+    assert _sbc_name(["data"], ["plane"]) == "sbc-data-acceptance-plane"
+    assert _sbc_name([], ["plane", "log-plane"]) == "sbc-acceptance-plane-acceptance-log-plane"
