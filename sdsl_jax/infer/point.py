@@ -249,8 +249,7 @@ def fit_multistart(
         curvature condition, so L-BFGS's memory stays positive definite and a start runs to a
         stationary point) or ``"backtracking"`` (Armijo; about one objective evaluation per
         iteration, but a step with ``y . s <= 0`` enters the memory, the next direction can fail to
-        descend and the start stalls: on the Chinchilla data 0.6% of the 4,500 starts reach the
-        best objective against 17% with zoom, on 60 synthetic runs 0.1% against 23%).
+        descend and the start stalls far more often: docs/benchmarks.md, "Scaling").
       one_by_one: run the starts one by one (True) or vectorised (False); None chooses as above.
 
     Returns:
