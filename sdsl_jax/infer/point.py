@@ -312,14 +312,21 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     stopped = (steps < max_steps) & jnp.isfinite(values)
     # A start that stalled short of a stationary point (a line search that found no lower point)
     # is restarted once from fresh L-BFGS memory, as SciPy's L-BFGS-B does after a failed search.
-    stalled = np.flatnonzero(np.asarray(stopped & ~_converged(objective, carry, args, ftol, gtol)))
+    at_stationary = _converged(objective, carry, args, ftol, gtol)
+    stalled = np.flatnonzero(np.asarray(stopped & ~at_stationary))
     carry, steps, restarted_steps = _continue_afresh(objective, carry, steps, stalled, tuple(args), max_steps, ftol,
                                                      gtol, linesearch)
     stopped = stopped.at[stalled].set(restarted_steps < max_steps)
+    polished = np.zeros(0, int)
     if polish_steps:
-        carry, steps = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol, linesearch)
-        values = optax.tree.get(carry.state, "value")
-    converged = stopped & _converged(objective, carry, args, ftol, gtol)
+        carry, steps, polished = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol,
+                                                   linesearch)
+    values = optax.tree.get(carry.state, "value")
+    moved = np.union1d(stalled, polished)  # only these starts' state changed since the check above
+    if moved.size:
+        at_stationary = at_stationary.at[moved].set(
+            _converged(objective, jax.tree.map(lambda x: x[moved], carry), args, ftol, gtol))
+    converged = stopped & at_stationary
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     best = int(jnp.argmin(values))
     return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
@@ -383,7 +390,7 @@ def _polish_near_best(objective, carry: _Carry, steps, stopped, args, polish_ste
     near = np.flatnonzero(np.asarray(stopped & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
                                      & ((values > best + 1e-9 * jnp.abs(best)) | (jnp.arange(values.size) == jnp.argmin(values)))))
     carry, steps, _ = _continue_afresh(objective, carry, steps, near, args, polish_steps, 0.0, gtol, linesearch)
-    return carry, steps
+    return carry, steps, near
 
 
 def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args, max_steps: int, ftol, gtol,
@@ -491,7 +498,7 @@ def fit_loss_law(
     ftol: float = 2.2e-9,
     gtol: float = 1e-10,
     progress: Callable[[int, int, int], None] | None = None,
-    linesearch: str | None = None,
+    linesearch: str = "zoom",
 ) -> LossLawFit:
     """Fit ``L(N, D) = E + A/N^alpha + B/D^beta`` by the Epoch replication's method.
 
@@ -528,7 +535,7 @@ def fit_loss_law(
     result = fit_multistart(
         huber_objective(family), starts, args=(*data, jnp.asarray(delta, jnp.float64)), max_steps=max_steps,
         ftol=ftol, gtol=gtol, progress=progress,
-        linesearch=linesearch or "zoom",
+        linesearch=linesearch,
     )
     return LossLawFit(family.from_theta(result.params), result.params, result, family)
 
