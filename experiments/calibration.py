@@ -35,8 +35,9 @@ import sys
 import time
 import traceback
 
-import jax
 import numpy as np
+
+from sdsl_jax.runtime import configure_jax
 
 STUDIES = ("plane", "loss-law", "n-star", "sbc", "misspecified")
 SBC_CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
@@ -44,7 +45,10 @@ SBC_CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
 
 
 def main(argv: list[str] | None = None) -> int:
-    jax.config.update("jax_enable_x64", True)  # set here, not at import: float64 for this run
+    # Float64 and JAX's compilation cache (a study compiles the same programs in every process and,
+    # after the in-memory caches are dropped, again), made here, not at import. One CPU device: the
+    # chains run vectorised, as the committed stage lines were sampled.
+    configure_jax(devices=1)
     from sdsl_jax.loss_laws import FAMILIES
 
     parser = argparse.ArgumentParser(prog="python -m experiments.calibration", description=__doc__,

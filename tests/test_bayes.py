@@ -316,16 +316,17 @@ def test_a_cached_sampler_is_keyed_on_the_data_shapes():
 def test_compiled_programs_are_released_before_the_kernel_runs_out_of_memory_mappings(monkeypatch):
     """A long job (a stacked closure) compiles thousands of programs; XLA maps memory for each, and
     past Linux's vm.max_map_count LLVM fails and the process dies. Before each NUTS run the caches
-    are dropped once the process holds more than half the mappings allowed."""
+    are dropped once the process holds more than three quarters of the mappings allowed, and kept
+    below that: a closure's programs (about 27,000 mappings) are reused by the next closure."""
     from sdsl_jax.infer import sampler
 
     use = sampler._memory_map_use()
     assert use is None or 0 < use[0] < use[1]  # Linux: (this process's mappings, the limit)
     cleared = []
     monkeypatch.setattr(sampler, "clear_sampler_caches", lambda: cleared.append(1))
-    monkeypatch.setattr(sampler, "_memory_map_use", lambda: (40_000, 65_530))
+    monkeypatch.setattr(sampler, "_memory_map_use", lambda: (50_000, 65_530))
     assert sampler.release_compiled_programs_when_crowded() and cleared == [1]
-    monkeypatch.setattr(sampler, "_memory_map_use", lambda: (20_000, 65_530))
+    monkeypatch.setattr(sampler, "_memory_map_use", lambda: (30_000, 65_530))
     assert not sampler.release_compiled_programs_when_crowded() and cleared == [1]
     monkeypatch.setattr(sampler, "_memory_map_use", lambda: None)  # not Linux: nothing to watch
     assert not sampler.release_compiled_programs_when_crowded()
