@@ -22,8 +22,9 @@ the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and 
 * ``target_accept``: NUTS's target acceptance for this family's posterior (0.9; the one-break law's
   0.99: its break is sharp, f about 0.2 in ln D on the ladder, and the curvature there made NUTS
   diverge at 0.9 in most refits, ``docs/benchmarks.md``).
-* ``prior_revision``: raised whenever the family's prior changes, so that stored posteriors and
-  calibration units are keyed by the prior they were sampled under (:func:`prior_key`).
+* ``prior_revision``: raised whenever the family's prior or the coordinates NUTS samples it in
+  change, so that stored posteriors and calibration units are keyed by the prior and
+  coordinates they were sampled under (:func:`prior_key`).
 
 Shipped families (``FAMILIES`` maps their names to them):
 
@@ -42,6 +43,7 @@ README, "Extending"); nothing in the solver, fitters or samplers changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, NamedTuple
 
@@ -212,18 +214,71 @@ def _power_terms_prior(centre: DataCentre) -> tuple[jax.Array, ...]:
       ``a = a_ref + alpha log N_ref`` and ``b = b_ref + beta log D_ref`` are recorded as
       deterministic sites.
     * ``e ~ Normal(0.5, 1)``: log E, E in [0.2, 12] nats at 95%; text entropy is O(1) nat.
+
+    NUTS samples ``(e, a_ref, b_ref)`` in other coordinates of the same prior, the site
+    ``level_and_slopes`` (:func:`_level_and_slopes`): the log of the three terms' sum at the
+    centre, and the log of each term's slope at the centre relative to E, ``log(alpha A_ref /
+    E)`` and ``log(beta B_ref / E)``. What a ladder pins down is the loss at its centre and how
+    fast it falls there; a weakly identified exponent then moves along a straight line in these
+    coordinates, where in ``(e, a_ref, alpha)`` it bends (a small alpha makes the N term a
+    constant that trades with E along ``e^e + e^a_ref = const``), and NUTS diverged at the bend
+    (``docs/benchmarks.md``, NUTS geometry). The map has unit Jacobian given the exponents, so
+    the prior density of ``(e, a_ref, b_ref)`` is the one stated above; they, ``a`` and ``b``
+    are recorded as deterministic sites.
     """
     import numpyro
     import numpyro.distributions as dist
 
     alpha = numpyro.sample("alpha", _exponent_prior())
     beta = numpyro.sample("beta", _exponent_prior())
-    a_ref = numpyro.sample("a_ref", dist.Normal(-1.0, 2.0))
-    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    stated = dist.Normal(jnp.array([0.5, -1.0, -1.0]), jnp.array([1.0, 2.0, 2.0])).to_event(1)  # e, a_ref, b_ref
+    to_sampled = _level_and_slopes(alpha, beta)
+    y = numpyro.sample("level_and_slopes", dist.TransformedDistribution(stated, to_sampled),
+                       infer={"coordinates_of": ("a_ref", "b_ref", "e")})
+    e, a_ref, b_ref = jnp.moveaxis(to_sampled.inv(y), -1, 0)
+    e = numpyro.deterministic("e", e)
+    a_ref = numpyro.deterministic("a_ref", a_ref)
+    b_ref = numpyro.deterministic("b_ref", b_ref)
     a = numpyro.deterministic("a", a_ref + alpha * centre.log_n)
     b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
     return a, b, e, alpha, beta
+
+
+def _level_and_slopes(alpha, beta):
+    """The NumPyro transform ``(e, a_ref, b_ref) -> (LSE(e, a_ref, b_ref), a_ref - e + log alpha,
+    b_ref - e + log beta)`` at given exponents: a bijection of R^3 with unit Jacobian (the first
+    row, the softmax weights, sums to 1 against the two differences), so a density in ``(e,
+    a_ref, b_ref)`` is the same number in the new coordinates."""
+    return _level_and_slopes_type()(jnp.log(alpha), jnp.log(beta))
+
+
+@functools.cache
+def _level_and_slopes_type():
+    # Built on first use: the module imports NumPyro only where a prior is sampled.
+    from numpyro.distributions import constraints
+    from numpyro.distributions.transforms import Transform
+
+    class LevelAndSlopes(Transform):
+        domain = constraints.real_vector
+        codomain = constraints.real_vector
+
+        def __init__(self, log_alpha, log_beta):
+            self.log_alpha, self.log_beta = log_alpha, log_beta
+
+        def __call__(self, x):
+            e, a, b = x[..., 0], x[..., 1], x[..., 2]
+            level = jnp.logaddexp(jnp.logaddexp(e, a), b)
+            return jnp.stack([level, a - e + self.log_alpha, b - e + self.log_beta], axis=-1)
+
+        def _inverse(self, y):
+            u, v = y[..., 1] - self.log_alpha, y[..., 2] - self.log_beta
+            e = y[..., 0] - jnp.logaddexp(jnp.logaddexp(0.0, u), v)
+            return jnp.stack([e, e + u, e + v], axis=-1)
+
+        def log_abs_det_jacobian(self, x, y, intermediates=None):
+            return jnp.zeros(jnp.shape(x)[:-1])
+
+    return LevelAndSlopes
 
 
 def _chinchilla_prior(centre: DataCentre) -> jax.Array:
@@ -497,7 +552,8 @@ class LossLawFamily:
 CHINCHILLA = LossLawFamily(
     name="chinchilla", law_type=LossLaw, theta_names=("a", "b", "e", "alpha", "beta"), from_theta=law_from_theta,
     to_theta=theta_from_law, start_grid=EPOCH_GRID, prior=_chinchilla_prior, log_loss=loss_law_log_prediction,
-    description="E + A/N^alpha + B/D^beta (Hoffmann et al. 2022; the paper's law)", min_sizes=3, min_budgets=3)
+    description="E + A/N^alpha + B/D^beta (Hoffmann et al. 2022; the paper's law)", min_sizes=3, min_budgets=3,
+    prior_revision=1)
 KAPLAN = LossLawFamily(
     name="kaplan", law_type=KaplanLaw, theta_names=("log_N_c", "log_D_c", "alpha_N", "alpha_D"),
     from_theta=_kaplan_from_theta, to_theta=_kaplan_to_theta, start_grid=_KAPLAN_GRID, prior=_kaplan_prior,
@@ -507,7 +563,7 @@ BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
     description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)",
-    min_sizes=3, min_budgets=6, target_accept=0.99, prior_revision=1)
+    min_sizes=3, min_budgets=6, target_accept=0.99, prior_revision=2)
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,

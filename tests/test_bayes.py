@@ -73,20 +73,22 @@ def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
     import jax.numpy as jnp
 
     from sdsl_jax.infer import loss_law_model, prior_starts
-    from sdsl_jax.loss_laws import EXPONENT_PRIOR
+    from sdsl_jax.loss_laws import EXPONENT_PRIOR, _level_and_slopes
 
     n, d = np.repeat([1e8, 3e8, 1e9], 3), np.tile([1e9, 1e10, 1e11], 3)
     log_loss = jnp.log(jnp.asarray(HOFFMANN2022.loss(n, d)))
     args = (jnp.log(jnp.asarray(n)), jnp.log(jnp.asarray(d)), log_loss)
     starts = prior_starts(loss_law_model, args, 8, seed=0)
     # Spread like the prior, in unconstrained coordinates: log alpha ~ Normal(log 0.35, EXPONENT_PRIOR's
-    # sd), a_ref ~ Normal(-1, 2).
+    # sd), and, mapped back from the sampled coordinates, a_ref ~ Normal(-1, 2).
     log_sd = EXPONENT_PRIOR[1]
     assert 0.4 * log_sd < np.std(np.asarray(starts["alpha"])) < 2.0 * log_sd
-    assert 1.0 < np.std(np.asarray(starts["a_ref"])) < 4.0
+    alpha, beta = np.exp(np.asarray(starts["alpha"])), np.exp(np.asarray(starts["beta"]))
+    stated = _level_and_slopes(alpha[:, None], beta[:, None]).inv(starts["level_and_slopes"])  # e, a_ref, b_ref
+    assert 1.0 < np.std(np.asarray(stated[:, 1])) < 4.0
     again = prior_starts(loss_law_model, args, 8, seed=0)
-    np.testing.assert_array_equal(np.asarray(starts["a_ref"]), np.asarray(again["a_ref"]))  # seeded
-    assert np.ndim(prior_starts(loss_law_model, args, 1, seed=0)["a_ref"]) == 0  # one chain: unbatched
+    np.testing.assert_array_equal(np.asarray(starts["level_and_slopes"]), np.asarray(again["level_and_slopes"]))
+    assert np.shape(prior_starts(loss_law_model, args, 1, seed=0)["level_and_slopes"]) == (3,)  # one chain: unbatched
 
 
 def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone():
@@ -108,9 +110,14 @@ def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone
     model = run_effects_model_for(CHINCHILLA)
     (plain, _), (wide, wide_sigma) = sites(model), sites(widened_priors(model, 2.0))
     assert plain.keys() == wide.keys()
-    for name in ("a_ref", "b_ref", "e", "alpha", "beta", "sigma", "run_sd"):
+    for name in ("alpha", "beta", "sigma", "run_sd"):
         assert float(wide[name].scale) == pytest.approx(2 * float(plain[name].scale)), name
-    assert float(wide["e"].loc) == float(plain["e"].loc) and float(wide["alpha"].loc) == float(plain["alpha"].loc)
+    assert float(wide["alpha"].loc) == float(plain["alpha"].loc)
+    # (e, a_ref, b_ref): sampled in other coordinates, their stated prior widened, the coordinates kept.
+    stated, wide_stated = plain["level_and_slopes"].base_dist, wide["level_and_slopes"].base_dist
+    np.testing.assert_allclose(wide_stated.base_dist.scale, 2 * stated.base_dist.scale)
+    np.testing.assert_array_equal(wide_stated.base_dist.loc, stated.base_dist.loc)
+    assert [type(t) for t in wide["level_and_slopes"].transforms] == [type(t) for t in plain["level_and_slopes"].transforms]
     # nu - 1 ~ Gamma: the mean kept, the sd doubled.
     assert float(wide["nu_excess"].mean) == pytest.approx(float(plain["nu_excess"].mean))
     assert float(wide["nu_excess"].variance) == pytest.approx(4 * float(plain["nu_excess"].variance))
@@ -351,3 +358,36 @@ def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
         with pytest.raises(RuntimeError, match="captured"):
             posterior.sample_loss_law(n, d, loss, family=family, target_accept=accept)
     assert seen == [0.9, 0.99, 0.8]
+
+
+def test_the_chinchilla_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior():
+    """NUTS samples (e, a_ref, b_ref) as the log loss at the centre and the terms' log slopes relative to
+    E; the prior density must still be the stated Normal(0.5, 1), Normal(-1, 2), Normal(-1, 2) at every
+    point (a unit Jacobian), checked against SciPy's densities, and prior draws must follow it."""
+    import jax
+    import numpyro
+    from scipy import stats
+
+    from sdsl_jax.loss_laws import CHINCHILLA, EXPONENT_PRIOR, DataCentre
+
+    centre = DataCentre.of(np.log([1e5, 1e7]), np.log([1e8, 1e10]))
+    exponent = stats.lognorm(s=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[0])
+    for seed in range(5):
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(CHINCHILLA.prior, seed)).get_trace(centre)
+        log_density = sum(float(site["fn"].log_prob(site["value"])) for site in trace.values() if site["type"] == "sample")
+        value = {k: float(trace[k]["value"]) for k in ("e", "a_ref", "b_ref", "alpha", "beta")}
+        stated = (stats.norm(0.5, 1.0).logpdf(value["e"]) + stats.norm(-1.0, 2.0).logpdf(value["a_ref"])
+                  + stats.norm(-1.0, 2.0).logpdf(value["b_ref"]) + exponent.logpdf(value["alpha"])
+                  + exponent.logpdf(value["beta"]))
+        assert log_density == pytest.approx(stated, rel=1e-12, abs=1e-12)
+        np.testing.assert_allclose(float(trace["a"]["value"]), value["a_ref"] + value["alpha"] * centre.log_n,
+                                   rtol=1e-12)
+        # What makes the density above the density of the sampled coordinates: the map's Jacobian
+        # determinant is 1 (by autodiff, at this draw's point).
+        transform = trace["level_and_slopes"]["fn"].transforms[0]
+        x = jax.numpy.array([value["e"], value["a_ref"], value["b_ref"]])
+        assert float(jax.numpy.linalg.det(jax.jacfwd(transform)(x))) == pytest.approx(1.0, rel=1e-12)
+        np.testing.assert_allclose(transform.inv(transform(x)), x, rtol=1e-12, atol=1e-12)
+    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1), centre)
+    for name, (loc, scale) in dict(e=(0.5, 1.0), a_ref=(-1.0, 2.0), b_ref=(-1.0, 2.0)).items():
+        assert stats.kstest(np.asarray(draws[name]), "norm", args=(loc, scale)).pvalue > 1e-3, name

@@ -498,6 +498,9 @@ def _widened(fn: dist.Distribution, factor: float, site: str) -> dist.Distributi
         return dist.HalfNormal(factor * fn.scale)
     if isinstance(fn, dist.Gamma):  # mean c / r kept, sd sqrt(c) / r times factor
         return dist.Gamma(fn.concentration / factor**2, fn.rate / factor**2)
+    # A prior stated in other coordinates than sampled (after LogNormal, itself a transformed distribution).
+    if isinstance(fn, dist.TransformedDistribution):
+        return dist.TransformedDistribution(_widened(fn.base_dist, factor, site), fn.transforms)
     raise ValueError(f"prior of site {site!r}: cannot widen a {type(fn).__name__} (Normal, LogNormal, "
                      "HalfNormal and Gamma priors can be)")
 
@@ -520,7 +523,8 @@ def widened_priors(model: Callable, factor: float) -> Callable:
     Every latent site outside a plate (the form's coefficients, the residual and effect scales, the
     Student-t's degrees of freedom) keeps its location and has its spread multiplied by
     ``factor``: a Normal's or HalfNormal's scale, a LogNormal's log-scale sd, a Gamma's sd (its
-    mean kept). Per-group effects inside a plate are in standard units and stay as they are. The
+    mean kept); a site sampled in other coordinates than its prior is stated in (a transformed
+    distribution) has the stated prior widened. Per-group effects inside a plate are in standard units and stay as they are. The
     same callable is returned for the same ``(model, factor)``, so its sampler is compiled once.
     """
     if not factor > 0:

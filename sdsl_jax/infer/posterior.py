@@ -240,10 +240,16 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
 
 
 def _prior_sites(family: LossLawFamily, centre: DataCentre) -> tuple[str, ...]:
-    """The sampled sites of a family's prior, in the order it samples them."""
+    """The parameters a family's prior states, in the order it samples them: its sampled sites, each
+    sampled in other coordinates replaced by the deterministic sites it stands for (its
+    ``infer={"coordinates_of": names}``)."""
     with numpyro.handlers.trace() as trace, numpyro.handlers.seed(rng_seed=0):
         family.prior(centre)
-    return tuple(k for k, site in trace.items() if site["type"] == "sample")
+    names = []
+    for k, site in trace.items():
+        if site["type"] == "sample":
+            names.extend((site.get("infer") or {}).get("coordinates_of", (k,)))
+    return tuple(names)
 
 
 def sample_plane(
