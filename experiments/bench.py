@@ -19,8 +19,9 @@ Sections:
               90% N* bands on synthetic ladders with per-run effects (mean-curve and predictive).
   nuts        posteriors of same-shaped datasets one after the other (calibration, refits): NumPyro's
               own sampling loop, compiled again on every run, against the loop compiled once; same draws.
-  geometry    NUTS on the Chinchilla reference and the model ladder with the law's terms stated at the
-              data's centre (shipped) against the same law at N = D = 1: steps per draw, ESS per second;
+  geometry    NUTS on the Chinchilla reference and the model ladder (four seeds each) in three coordinates of
+              the law: terms at N = D = 1, at the data's centre sampled as stated, and the same prior as the
+              log loss and the terms' log slopes at the centre (shipped): steps per draw, checks passed;
               and the ladder's acceptance pairs with per-model effects, non-centred (shipped) against
               projected coordinates.
   effects     the ladder's acceptance pairs with per-model effects on the drafts only (shipped: six
