@@ -218,15 +218,17 @@ def test_the_one_break_laws_simulated_breaks_lie_inside_the_designs_span_of_d():
 
 
 def test_a_study_under_a_revised_prior_is_another_study():
-    """An SBC study's key names the priors (``prior_key``): the one-break law's revised prior keys
-    apart from the exponents' prior alone, which is every unrevised family's key."""
-    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, EXPONENT_PRIOR, prior_key
+    """An SBC study's key names the priors and their sampling coordinates (``prior_key``): a revised
+    family's key (the one-break law's, Chinchilla's) stands apart from the exponents' prior alone,
+    which is every unrevised family's key."""
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, EXPONENT_PRIOR, KAPLAN, prior_key
     from sdsl_jax.validation.calibration import _sampler_study
 
     settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
-    assert prior_key([CHINCHILLA]) == dict(exponent_prior=list(EXPONENT_PRIOR))
+    assert KAPLAN.prior_revision == 0 and prior_key([KAPLAN]) == dict(exponent_prior=list(EXPONENT_PRIOR))
     broken, chinchilla = (_sampler_study(**settings, families=(f,)) for f in (BROKEN_POWER_LAW, CHINCHILLA))
     assert broken != chinchilla and broken["prior_revisions"] == {"broken": BROKEN_POWER_LAW.prior_revision}
+    assert chinchilla["prior_revisions"] == {"chinchilla": CHINCHILLA.prior_revision}
 
 
 def test_a_run_of_some_families_never_writes_over_the_whole_studys_summary():
