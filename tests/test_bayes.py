@@ -117,7 +117,8 @@ def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone
     stated, wide_stated = plain["level_and_slopes"].base_dist, wide["level_and_slopes"].base_dist
     np.testing.assert_allclose(wide_stated.base_dist.scale, 2 * stated.base_dist.scale)
     np.testing.assert_array_equal(wide_stated.base_dist.loc, stated.base_dist.loc)
-    assert [type(t) for t in wide["level_and_slopes"].transforms] == [type(t) for t in plain["level_and_slopes"].transforms]
+    kinds = [[type(t) for t in sites_["level_and_slopes"].transforms] for sites_ in (plain, wide)]
+    assert kinds[0] == kinds[1]
     # nu - 1 ~ Gamma: the mean kept, the sd doubled.
     assert float(wide["nu_excess"].mean) == pytest.approx(float(plain["nu_excess"].mean))
     assert float(wide["nu_excess"].variance) == pytest.approx(4 * float(plain["nu_excess"].variance))
@@ -374,7 +375,8 @@ def test_the_chinchilla_terms_sampled_in_level_and_slope_coordinates_keep_the_st
     exponent = stats.lognorm(s=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[0])
     for seed in range(5):
         trace = numpyro.handlers.trace(numpyro.handlers.seed(CHINCHILLA.prior, seed)).get_trace(centre)
-        log_density = sum(float(site["fn"].log_prob(site["value"])) for site in trace.values() if site["type"] == "sample")
+        log_density = sum(float(site["fn"].log_prob(site["value"])) for site in trace.values()
+                          if site["type"] == "sample")
         value = {k: float(trace[k]["value"]) for k in ("e", "a_ref", "b_ref", "alpha", "beta")}
         stated = (stats.norm(0.5, 1.0).logpdf(value["e"]) + stats.norm(-1.0, 2.0).logpdf(value["a_ref"])
                   + stats.norm(-1.0, 2.0).logpdf(value["b_ref"]) + exponent.logpdf(value["alpha"])

@@ -524,8 +524,9 @@ def widened_priors(model: Callable, factor: float) -> Callable:
     Student-t's degrees of freedom) keeps its location and has its spread multiplied by
     ``factor``: a Normal's or HalfNormal's scale, a LogNormal's log-scale sd, a Gamma's sd (its
     mean kept); a site sampled in other coordinates than its prior is stated in (a transformed
-    distribution) has the stated prior widened. Per-group effects inside a plate are in standard units and stay as they are. The
-    same callable is returned for the same ``(model, factor)``, so its sampler is compiled once.
+    distribution) has the stated prior widened. Per-group effects inside a plate are in standard
+    units and stay as they are. The same callable is returned for the same ``(model, factor)``, so
+    its sampler is compiled once.
     """
     if not factor > 0:
         raise ValueError(f"prior width factor must be positive, got {factor}")
