@@ -221,7 +221,7 @@ def _power_terms_prior(centre: DataCentre) -> tuple[jax.Array, ...]:
     E)`` and ``log(beta B_ref / E)``. What a ladder pins down is the loss at its centre and how
     fast it falls there; a weakly identified exponent then moves along a straight line in these
     coordinates, where in ``(e, a_ref, alpha)`` it bends (a small alpha makes the N term a
-    constant that trades with E along ``e^e + e^a_ref = const``), and NUTS diverged at the bend
+    constant that trades with E along ``e^e + e^a_ref = const``), and NUTS diverges at the bend
     (``docs/benchmarks.md``, NUTS geometry). The map has unit Jacobian given the exponents, so
     the prior density of ``(e, a_ref, b_ref)`` is the one stated above; they, ``a`` and ``b``
     are recorded as deterministic sites.

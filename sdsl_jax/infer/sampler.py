@@ -243,8 +243,8 @@ def release_compiled_programs_when_crowded(share: float = 0.75) -> bool:
     Why three quarters: one synthetic closure of the stacked procedure (six forms) compiles about
     2,200 programs and maps about 27,000 regions the first time, and the same programs again in
     every later closure of a study, since the shapes repeat. Dropped at half the limit, the caches
-    went in every closure and each compiled everything again; at three quarters they are kept,
-    and the quarter left (16,000 mappings) is three times what the work between two NUTS runs
+    would go in every closure and each would compile everything again; at three quarters they are
+    kept, and the quarter left (16,000 mappings) is three times what the work between two NUTS runs
     maps at most (a closure's scoring of its targets, about 4,700).
     """
     use = _memory_map_use()
