@@ -190,6 +190,20 @@ def test_loss_law_identifiability_accepts_enough_data_and_counts_rows():
         check_loss_law_data(n, d, np.full_like(loss, 3.0), family=CHINCHILLA)
 
 
+def test_budgets_within_one_percent_of_each_other_count_as_one_budget():
+    # Five budgets a doubling apart, each also run 0.3% and 0.6% off (token counts rounded to
+    # whole batches, as in the factorial ladder): 15 exact values, five points of the D curve.
+    budgets = np.ravel(np.array([1e9, 2e9, 4e9, 8e9, 1.6e10])[:, None] * np.array([1.0, 1.003, 1.006]))
+    n, d, loss = _grid_runs([1e7, 1e8, 1e9], budgets)
+    check_loss_law_data(n, d, loss, family=CHINCHILLA)
+    with pytest.raises(IdentifiabilityError, match=r"has 5 distinct value\(s\) \(15 before merging") as info:
+        check_loss_law_data(n, d, loss, family=FAMILIES["broken"])
+    assert info.value.column == "n_tokens"
+    # A sixth budget makes the break identifiable; 1.1% apart is already another budget.
+    n6, d6, loss6 = _grid_runs([1e7, 1e8, 1e9], np.append(budgets, 1.6e10 * 1.017))
+    check_loss_law_data(n6, d6, loss6, family=FAMILIES["broken"])
+
+
 @pytest.mark.parametrize("model", ["plane", "log-plane"])
 def test_acceptance_data_that_cannot_identify_the_plane_are_refused(model):
     rng = np.random.default_rng(0)

@@ -456,13 +456,33 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return np.unique(np.round(np.log(values) if np.all(values > 0) else values, 12))
 
 
+DISTINCT_SCALE_GAP = 0.01
+"""Two model sizes or token budgets count as distinct values of a law's variable only when their
+logs differ by more than this (1%). A term's coefficients are identified by how the loss bends
+between values of its variable; runs at budgets 0.3% apart (a ladder whose token counts are
+rounded to whole batches) measure one point of that curve twice. Counted as two, they would let
+the one-break law (6 budgets needed) be fitted to the factorial ladder's 5 budgets, where its
+posterior is a ridge along which NUTS runs to its maximum tree depth."""
+
+
+def _distinct_scales(values: np.ndarray) -> int:
+    """How many distinct values positive ``values`` take, values within :data:`DISTINCT_SCALE_GAP`
+    in log of their neighbour counted as one (a chain of close values is one value); exact
+    distinct values where some are not positive."""
+    if not np.all(values > 0):
+        return len(_distinct(values))
+    logs = np.unique(np.log(values))
+    return 1 + int(np.sum(np.diff(logs) > DISTINCT_SCALE_GAP))
+
+
 def check_loss_law_data(n_params: ArrayLike, n_tokens: ArrayLike, loss: ArrayLike, *,
                         family: LossLawFamily = CHINCHILLA, source: str | None = None) -> None:
     """Refuse data that cannot identify ``family``'s coefficients, before any fitting.
 
     Rules: more runs than coefficients (so a residual scale exists), at least
     ``family.min_sizes`` distinct N and ``family.min_budgets`` distinct D (a term with k
-    coefficients in one variable needs k + 1 distinct values), and a loss that varies.
+    coefficients in one variable needs k + 1 distinct values; values within 1% of each other
+    count as one, :data:`DISTINCT_SCALE_GAP`), and a loss that varies.
 
     Raises:
       IdentifiabilityError: naming the column and the reason (and ``source``, a file, if given).
@@ -477,10 +497,13 @@ def check_loss_law_data(n_params: ArrayLike, n_tokens: ArrayLike, loss: ArrayLik
     needs = (("n_params", family.min_sizes, "model sizes N", "N term"),
              ("n_tokens", family.min_budgets, "token budgets D", "D term"))
     for column, minimum, what, term in needs:
-        count = len(_distinct(columns[column]))
+        exact = len(_distinct(columns[column]))
+        count = _distinct_scales(columns[column])
         if count < minimum:
-            raise IdentifiabilityError(column, f"has {count} distinct value(s) in {rows} rows; the {family.name} law's "
-                                               f"{term} needs at least {minimum} distinct {what}", source=source)
+            close = f" ({exact} before merging values within 1% of each other)" if exact > count else ""
+            raise IdentifiabilityError(column, f"has {count} distinct value(s){close} in {rows} rows; the "
+                                               f"{family.name} law's {term} needs at least {minimum} distinct {what}",
+                                       source=source)
     if len(_distinct(columns["loss"])) < 2:
         raise IdentifiabilityError("loss", f"takes one value ({columns['loss'][0]:g}) in all {rows} rows: nothing "
                                            "to fit", source=source)
