@@ -57,7 +57,7 @@ bench: $(STAMP)
 	$(PY) -m experiments.calibration --only sbc --datasets 100 --acceptance-models plane --out fits/calibration
 	$(PY) -m experiments.calibration --only misspecified --datasets 200 --design fits/ladder/pretraining.csv \
 		--acceptance-design fits/ladder/acceptance.csv --measured acceptance \
-		--stack chinchilla,kaplan,broken,plane,log-plane,logit-plane --reruns 1 --out fits/calibration/misspecified_factorial
+		--stack chinchilla,kaplan,plane,log-plane,logit-plane --reruns 1 --out fits/calibration/misspecified_factorial
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet --no-compile -e ".[test,notebooks]"

@@ -28,6 +28,9 @@ Sections:
               targets are too few for a scale of their own) against effects on both kinds, non-centred
               and projected: how many of --effect-seeds NUTS runs pass their checks (all pairs, and a
               closure's refit without the smallest size).
+  accept      each acceptance model with per-draft and per-target effects on the factorial ladder's
+              pairs at its shipped target acceptance against 0.99: checks passed, divergences, steps
+              per draw, ESS and time (--effect-seeds runs each).
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
               family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
@@ -52,8 +55,8 @@ import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_break_acceptance, bench_break_prior, bench_calibration,
-                                              bench_effect_sides, bench_loss_law_fit, bench_nuts_geometry,
-                                              bench_nuts_reuse)
+                                              bench_effect_sides, bench_effects_target_accept, bench_loss_law_fit,
+                                              bench_nuts_geometry, bench_nuts_reuse)
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
                                              machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
@@ -63,7 +66,7 @@ from experiments.runlog import run_command, write_json
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms": bench_draft_size_forms,
             "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
-            "effects": bench_effect_sides, "breaks": bench_break_acceptance,
+            "effects": bench_effect_sides, "accept": bench_effects_target_accept, "breaks": bench_break_acceptance,
             "break-prior": bench_break_prior,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nuts-datasets", type=int, default=10,
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
     parser.add_argument("--effect-seeds", type=int, default=6,
-                        help="NUTS runs per variant and data set in the effects and breaks sections (default 6)")
+                        help="NUTS runs per variant and data set in the effects, accept and breaks sections "
+                             "(default 6)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
                         help="the scaling section's tables, comma-separated (default: all of "
                              f"{','.join(SCALING_PARTS)})")
@@ -121,6 +125,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_nuts_geometry()
         elif name == "effects":
             results += bench_effect_sides(args.effect_seeds)
+        elif name == "accept":
+            results += bench_effects_target_accept(args.effect_seeds)
         elif name == "breaks":
             results += bench_break_acceptance(args.effect_seeds)
         elif name == "break-prior":

@@ -332,13 +332,14 @@ def _misspecified(args, command: str) -> dict | None:
                                propagate=args.chains * args.draws, reruns=args.reruns,
                                rerun_weight=args.rerun_weight if args.reruns else None)
     # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
-    # each family's target acceptance) and the exponents' prior belong to the study too: a closure
+    # each form's target acceptance) and the exponents' prior belong to the study too: a closure
     # fitted under other choices is another study's, never resumed into this one.
     study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),
-                 target_accept={name: FAMILIES[name].target_accept for name in stack[0]},
+                 target_accept={**{name: FAMILIES[name].target_accept for name in stack[0]},
+                                **{name: ACCEPTANCE_MODELS[name].effects_target_accept for name in stack[1]}},
                  **prior_key(FAMILIES[name] for name in stack[0]),
                  **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
     stages = os.path.join(args.out, "stages")

@@ -189,6 +189,12 @@ class AcceptanceModel:
       slope_prior_sd: sd of the change of the predictor per standard deviation of a feature.
       sigma_prior_sd, effect_prior_sd: half-normal scales of the residual and of the per-model
         effects, on the link's scale.
+      effects_target_accept: NUTS's target acceptance for the model with per-model effects
+        (:func:`sdsl_jax.infer.posterior.sample_plane`; without effects 0.9). The planes on raw
+        perplexities and on losses sample their effects at 0.9 with no divergent transition on
+        the factorial ladder's 180 pairs (35 drafts, 8 targets) in about 63 leapfrog steps per
+        draw, half of what 0.99 takes; the logit-plane diverged there at 0.9 and keeps 0.99
+        (``docs/benchmarks.md``, NUTS geometry).
     """
 
     name: str
@@ -200,6 +206,7 @@ class AcceptanceModel:
     slope_prior_sd: float = 0.5
     sigma_prior_sd: float = 0.2
     effect_prior_sd: float = 0.1
+    effects_target_accept: float = 0.9
 
     def to_link(self, alpha: ArrayLike) -> jax.Array:
         """alpha on the predictor's scale (``logit alpha`` for the logit link)."""
@@ -218,7 +225,7 @@ LOG_PLANE = AcceptanceModel("log-plane", LogPerplexityPlane, lambda x, y: (jnp.l
 LOGIT_PLANE = AcceptanceModel("logit-plane", LogitPlane, lambda x, y: (jnp.log(x), jnp.log(y)),
                               "logit alpha = A ln x + B ln y + C (saturates towards 1, always a probability)",
                               link="logit", centre_prior=(0.5, 1.5), slope_prior_sd=2.0, sigma_prior_sd=1.0,
-                              effect_prior_sd=0.5)
+                              effect_prior_sd=0.5, effects_target_accept=0.99)
 ACCEPTANCE_MODELS: dict[str, AcceptanceModel] = {m.name: m for m in (PLANE, LOG_PLANE, LOGIT_PLANE)}
 """The shipped acceptance models by name (the CLIs' ``--acceptance-model`` choices)."""
 

@@ -83,6 +83,7 @@ def fit_point(
     stages: StageStore | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     log: Log = _quiet,
+    require_identified: bool = True,
 ) -> PointFit:
     """Point fits of the loss law and the acceptance model.
 
@@ -96,10 +97,12 @@ def fit_point(
       stages: where a finished loss-law fit is kept for ``--resume``.
       progress: the multi-start fitter's ``(round, active, total)`` callback.
       log: receives one line per finished step.
+      require_identified: refuse runs that cannot identify ``family`` (see :func:`fit_loss_law`).
     """
     cached = stages.load("point_fit") if stages is not None else None
     if cached is None:
-        fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, starts=starts, progress=progress)
+        fit = fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, starts=starts, progress=progress,
+                           require_identified=require_identified)
         rivals = rival_optima(fit.result.all_params, fit.result.all_values, tuple(family.theta_names),
                               converged=fit.result.all_converged)
         cached = dict(theta=np.asarray(fit.theta), value=np.asarray(fit.result.value),

@@ -361,6 +361,28 @@ def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
     assert seen == [0.9, 0.99, 0.8]
 
 
+def test_each_acceptance_model_samples_its_effects_at_its_own_target_acceptance(monkeypatch):
+    # The logit-plane's effects need smaller steps than the planes' (docs/benchmarks.md); without
+    # effects every model samples at 0.9, and an explicit target acceptance still wins.
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.infer import posterior
+
+    seen = []
+
+    def capture(model, args, **kw):
+        seen.append(kw["target_accept"])
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(posterior, "_sample_checked", capture)
+    x, y = np.linspace(10.0, 30.0, 12), np.tile([5.0, 8.0, 11.0], 4)
+    groups = dict(draft=np.repeat(np.arange(4), 3), target=np.tile(np.arange(3), 4))
+    for name, kw in (("plane", groups), ("log-plane", groups), ("logit-plane", groups), ("logit-plane", {}),
+                     ("plane", dict(groups, target_accept=0.8))):
+        with pytest.raises(RuntimeError, match="captured"):
+            posterior.sample_plane(x, y, np.full(12, 0.6), model=ACCEPTANCE_MODELS[name], **kw)
+    assert seen == [0.9, 0.9, 0.99, 0.9, 0.8]
+
+
 def test_the_chinchilla_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior():
     """NUTS samples (e, a_ref, b_ref) as the log loss at the centre and the terms' log slopes relative to
     E; the prior density must still be the stated Normal(0.5, 1), Normal(-1, 2), Normal(-1, 2) at every

@@ -176,8 +176,9 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     # A closure fitted under other fitting choices (here another target acceptance) is not resumed.
     stage = tmp_path / "stages" / "misspecified-0of2.jsonl"
     unit = json.loads(stage.read_text().splitlines()[0])
-    assert unit["study"]["model_effects"] == ["draft"] and unit["study"]["target_accept"] == {"chinchilla": 0.9}
-    unit["study"]["target_accept"] = {"chinchilla": 0.8}
+    assert unit["study"]["model_effects"] == ["draft"]
+    assert unit["study"]["target_accept"] == {"chinchilla": 0.9, "plane": 0.9}
+    unit["study"]["target_accept"] = {"chinchilla": 0.8, "plane": 0.9}
     stage.write_text(json.dumps(unit) + "\n")
     assert calibration.main(args) == 0
     out = capsys.readouterr().out

@@ -235,8 +235,8 @@ def _geometry_record(label: str, out, seconds: float, *, site: str | None = None
 
 def _bench_effect_coordinates() -> list[dict]:
     """The acceptance plane with per-model effects on the ladder's pairs, in the non-centred coordinates
-    (shipped) and the projected ones (``sample_plane(effects="projected")``), at the shipped target
-    acceptance 0.99: the same posterior, steps per draw, effective draws and time."""
+    (shipped) and the projected ones (``sample_plane(effects="projected")``), at target acceptance
+    0.99: the same posterior, steps per draw, effective draws and time."""
     from sdsl_jax import infer
     from sdsl_jax.data import load_acceptance
 
@@ -245,7 +245,7 @@ def _bench_effect_coordinates() -> list[dict]:
     result = {}
     for effects in ("non-centred", "projected"):
         kw = dict(weights=pairs.regression_weights(), draft=draft, target=target, effects=effects, num_chains=4,
-                  progress_bar=False, retries=0)
+                  progress_bar=False, retries=0, target_accept=0.99)
         infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
         start = time.perf_counter()
         out = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=500, num_samples=500, **kw)
@@ -280,7 +280,7 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
         result = {}
         for variant, extra in variants.items():
             kw = dict(weights=kept.regression_weights(), draft=draft, target=target, num_chains=4, progress_bar=False,
-                      retries=0, **extra)
+                      retries=0, target_accept=0.99, **extra)
             infer.sample_plane(kept.ppl_draft, kept.ppl_target, kept.alpha, num_warmup=20, num_samples=20, **kw)
             runs = []
             for seed in range(seeds):
@@ -304,6 +304,51 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
         print(f"effect sides, {data_name}: drafts only passes {shipped['passed']}/{seeds} against {both['passed']}/"
               f"{seeds}, time {both['median_seconds'] / shipped['median_seconds']:.2f}x faster", flush=True)
         rows.append(dict(name=f"effect sides {data_name}", seeds=seeds, **result))
+    return rows
+
+
+def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
+    """Each acceptance model with per-draft and per-target effects on the factorial ladder's pairs
+    (``fits/ladder/acceptance.csv``: both kinds identified) at its shipped target acceptance
+    (``AcceptanceModel.effects_target_accept``) against 0.99, ``seeds`` NUTS runs each (4 x (500 +
+    500), no reruns): runs passing every check, divergent transitions, leapfrog steps per draw,
+    bulk ESS and time."""
+    from sdsl_jax import infer
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.data import load_acceptance
+
+    pairs = load_acceptance("fits/ladder/acceptance.csv")
+    draft, _, target, _ = pairs.model_index()
+    rows = []
+    for name, model in ACCEPTANCE_MODELS.items():
+        result = {}
+        for accept in sorted({model.effects_target_accept, 0.99}):
+            kw = dict(weights=pairs.regression_weights(), model=model, draft=draft, target=target, num_chains=4,
+                      progress_bar=False, retries=0, target_accept=accept)
+            infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
+            runs = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                d = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=500,
+                                       num_samples=500, seed=seed, **kw).diagnostics
+                runs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
+                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps,
+                                 at_cap=d.max_tree_depth_share))
+            summary = dict(runs=runs, passed=sum(r["ok"] for r in runs), divergences=sum(r["divergences"] for r in runs),
+                           median_steps=float(np.median([r["median_steps"] for r in runs])),
+                           median_min_ess=float(np.median([r["min_ess"] for r in runs])),
+                           worst_rhat=float(max(r["max_rhat"] for r in runs)),
+                           median_seconds=float(np.median([r["seconds"] for r in runs])))
+            result[f"target_accept_{accept}"] = summary
+            print(f"effects target acceptance, {name} at {accept}{' (shipped)' if accept == model.effects_target_accept else ''}: "
+                  f"{summary['passed']}/{seeds} runs pass, {summary['divergences']} divergent transitions, median "
+                  f"{summary['median_steps']:.0f} steps per draw, median min bulk ESS {summary['median_min_ess']:.0f}, "
+                  f"worst R-hat {summary['worst_rhat']:.3f}, median {summary['median_seconds']:.1f} s", flush=True)
+        if len(result) == 2:
+            shipped, high = result[f"target_accept_{model.effects_target_accept}"], result["target_accept_0.99"]
+            print(f"effects target acceptance, {name}: {high['median_steps'] / shipped['median_steps']:.1f}x fewer steps "
+                  f"per draw, time {high['median_seconds'] / shipped['median_seconds']:.2f}x", flush=True)
+        rows.append(dict(name=f"effects target acceptance {name}", seeds=seeds, **result))
     return rows
 
 

@@ -282,10 +282,10 @@ def sample_plane(
     :meth:`sdsl_jax.data.AcceptanceMeasurements.model_index`) select the model with a random
     effect per draft and per target model (:func:`model_effects_plane_model_for`); None keeps
     pairs independent. That model runs NUTS with a dense mass matrix and ``target_accept``
-    0.99 by default (0.9 otherwise): a draft's effect and the coefficient of its perplexity are
-    correlated (each draft model has one perplexity), which a diagonal metric mixes slowly, and
-    with few targets their effects' scale sits near zero, where only small steps avoid
-    divergences.
+    ``model.effects_target_accept`` by default (0.9 otherwise): a draft's effect and the
+    coefficient of its perplexity are correlated (each draft model has one perplexity), which a
+    diagonal metric mixes slowly; the logit-plane's effects need smaller steps than the planes'
+    to avoid divergences (:class:`~sdsl_jax.acceptance.AcceptanceModel`).
 
     ``effects`` chooses the coordinates of that model: ``"non-centred"`` (one standard normal per
     model, :func:`model_effects_plane_model_for`) or ``"projected"``, the same prior with each
@@ -301,7 +301,8 @@ def sample_plane(
     var_names, dense = (PLANE_SITES, False) if draft is None else (
         PLANE_SITES + effect_scale_sites(effect_sides), True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
-                           target_accept=target_accept if target_accept is not None else (0.99 if dense else 0.9),
+                           target_accept=target_accept if target_accept is not None else (
+                               model.effects_target_accept if dense else 0.9),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
                            retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress,
                            prior_width=prior_width)

@@ -107,7 +107,9 @@ def ladder_processes(runs, pairs, *, processes=DEFAULT_PROCESSES, starts_every: 
     (:func:`sdsl_jax.predict.point_for_decisions`): the point fit, or where one of its law's
     coefficients sits at a bound of the fit (the real ladder does not identify the N term of every
     family) the posterior's median law (``chains`` x (``warmup`` + ``draws``) of NUTS), so that no
-    synthetic ladder is drawn from a degenerate law.
+    synthetic ladder is drawn from a degenerate law. A true process need not be identified by the
+    ladder (the one-break law has more D coefficients than the factorial ladder has budgets): it
+    is fitted all the same, and is then one of the laws that fit the ladder equally well.
     """
     from sdsl_jax import pipeline, predict
     from sdsl_jax.infer.point import degenerate_coefficients
@@ -116,7 +118,8 @@ def ladder_processes(runs, pairs, *, processes=DEFAULT_PROCESSES, starts_every: 
     for family_name, model_name in processes:
         family, model = FAMILIES[family_name], ACCEPTANCE_MODELS[model_name]
         starts = family.starts(np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))[::starts_every]
-        point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts)
+        point = pipeline.fit_point(runs, pairs, family=family, acceptance_model=model, starts=starts,
+                                   require_identified=False)
         if degenerate_coefficients(point.law):
             post = pipeline.sample_posterior(runs, None, point, num_chains=chains, num_warmup=warmup,
                                              num_samples=draws, seed=seed)
