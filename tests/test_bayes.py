@@ -341,12 +341,8 @@ def test_compiled_programs_are_released_before_the_kernel_runs_out_of_memory_map
 
 
 
-def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
-    # The one-break law's sharp break needs smaller steps than the others (docs/benchmarks.md);
-    # an explicit target acceptance still wins.
-    from sdsl_jax.infer import posterior
-    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA
-
+def _capture_target_accept(monkeypatch, posterior) -> list:
+    """The target acceptance each sampling call would use, in order (the call raises instead of sampling)."""
     seen = []
 
     def capture(model, args, **kw):
@@ -354,6 +350,16 @@ def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
         raise RuntimeError("captured")
 
     monkeypatch.setattr(posterior, "_sample_checked", capture)
+    return seen
+
+
+def test_each_loss_law_family_samples_at_its_own_target_acceptance(monkeypatch):
+    # The one-break law's sharp break needs smaller steps than the others (docs/benchmarks.md);
+    # an explicit target acceptance still wins.
+    from sdsl_jax.infer import posterior
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA
+
+    seen = _capture_target_accept(monkeypatch, posterior)
     n, d, loss = np.geomspace(1e6, 1e9, 8), np.geomspace(1e8, 1e11, 8), np.linspace(3.0, 2.0, 8)
     for family, accept in ((CHINCHILLA, None), (BROKEN_POWER_LAW, None), (BROKEN_POWER_LAW, 0.8)):
         with pytest.raises(RuntimeError, match="captured"):
@@ -367,13 +373,7 @@ def test_each_acceptance_model_samples_its_effects_at_its_own_target_acceptance(
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.infer import posterior
 
-    seen = []
-
-    def capture(model, args, **kw):
-        seen.append(kw["target_accept"])
-        raise RuntimeError("captured")
-
-    monkeypatch.setattr(posterior, "_sample_checked", capture)
+    seen = _capture_target_accept(monkeypatch, posterior)
     x, y = np.linspace(10.0, 30.0, 12), np.tile([5.0, 8.0, 11.0], 4)
     groups = dict(draft=np.repeat(np.arange(4), 3), target=np.tile(np.arange(3), 4))
     for name, kw in (("plane", groups), ("log-plane", groups), ("logit-plane", groups), ("logit-plane", {}),
