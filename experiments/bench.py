@@ -22,6 +22,7 @@ Sections:
   geometry    NUTS on the Chinchilla reference and the model ladder (four seeds each) in three coordinates of
               the law: terms at N = D = 1, at the data's centre sampled as stated, and the same prior as the
               log loss and the terms' log slopes at the centre (shipped): steps per draw, checks passed;
+              the data-only law on the ladder in its stated and shipped coordinates;
               and the ladder's acceptance pairs with per-model effects, non-centred (shipped) against
               projected coordinates.
   effects     the ladder's acceptance pairs with per-model effects on the drafts only (shipped: six

@@ -244,12 +244,14 @@ def _power_terms_prior(centre: DataCentre) -> tuple[jax.Array, ...]:
     return a, b, e, alpha, beta
 
 
-def _level_and_slopes(alpha, beta):
-    """The NumPyro transform ``(e, a_ref, b_ref) -> (LSE(e, a_ref, b_ref), a_ref - e + log alpha,
-    b_ref - e + log beta)`` at given exponents: a bijection of R^3 with unit Jacobian (the first
-    row, the softmax weights, sums to 1 against the two differences), so a density in ``(e,
-    a_ref, b_ref)`` is the same number in the new coordinates."""
-    return _level_and_slopes_type()(jnp.log(alpha), jnp.log(beta))
+def _level_and_slopes(*exponents):
+    """The NumPyro transform ``(e, t_1, ..., t_k) -> (LSE(e, t_1, ..., t_k), t_1 - e + log x_1, ...,
+    t_k - e + log x_k)`` at given exponents ``x_i`` (arrays of the batch's shape): the log of the
+    irreducible loss and of k power terms at the data's centre, to the log of their sum and the
+    log of each term's slope relative to E. A bijection of R^(k+1) with unit Jacobian (the first row,
+    the softmax weights, sums to 1 against the k differences), so a density in ``(e, t_1, ...,
+    t_k)`` is the same number in the new coordinates."""
+    return _level_and_slopes_type()(jnp.stack([jnp.log(x) for x in exponents], axis=-1))
 
 
 @functools.cache
@@ -262,18 +264,18 @@ def _level_and_slopes_type():
         domain = constraints.real_vector
         codomain = constraints.real_vector
 
-        def __init__(self, log_alpha, log_beta):
-            self.log_alpha, self.log_beta = log_alpha, log_beta
+        def __init__(self, log_exponents):
+            self.log_exponents = log_exponents
 
         def __call__(self, x):
-            e, a, b = x[..., 0], x[..., 1], x[..., 2]
-            level = jnp.logaddexp(jnp.logaddexp(e, a), b)
-            return jnp.stack([level, a - e + self.log_alpha, b - e + self.log_beta], axis=-1)
+            level = jax.nn.logsumexp(x, axis=-1, keepdims=True)
+            return jnp.concatenate([level, x[..., 1:] - x[..., :1] + self.log_exponents], axis=-1)
 
         def _inverse(self, y):
-            u, v = y[..., 1] - self.log_alpha, y[..., 2] - self.log_beta
-            e = y[..., 0] - jnp.logaddexp(jnp.logaddexp(0.0, u), v)
-            return jnp.stack([e, e + u, e + v], axis=-1)
+            u = y[..., 1:] - self.log_exponents
+            e = y[..., :1] - jax.nn.logsumexp(jnp.concatenate([jnp.zeros_like(y[..., :1]), u], axis=-1), axis=-1,
+                                              keepdims=True)
+            return jnp.concatenate([e, e + u], axis=-1)
 
         def log_abs_det_jacobian(self, x, y, intermediates=None):
             return jnp.zeros(jnp.shape(x)[:-1])
@@ -490,13 +492,20 @@ def _data_to_theta(law):
 
 def _data_prior(centre: DataCentre):
     """Chinchilla's priors for b (stated at the data's centre, as ``b_ref``), e and beta
-    (:func:`_power_terms_prior`)."""
+    (:func:`_power_terms_prior`), sampled as Chinchilla's are: ``(e, b_ref)`` as the site
+    ``level_and_slopes``, the log loss at the centre and the log of the D term's slope there
+    relative to E (:func:`_level_and_slopes`, unit Jacobian: the same prior)."""
     import numpyro
     import numpyro.distributions as dist
 
     beta = numpyro.sample("beta", _exponent_prior())
-    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
-    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    stated = dist.Normal(jnp.array([0.5, -1.0]), jnp.array([1.0, 2.0])).to_event(1)  # e, b_ref
+    to_sampled = _level_and_slopes(beta)
+    y = numpyro.sample("level_and_slopes", dist.TransformedDistribution(stated, to_sampled),
+                       infer={"coordinates_of": ("b_ref", "e")})
+    e, b_ref = jnp.moveaxis(to_sampled.inv(y), -1, 0)
+    e = numpyro.deterministic("e", e)
+    b_ref = numpyro.deterministic("b_ref", b_ref)
     b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
     return jnp.stack([b, e, beta])
 
@@ -567,7 +576,7 @@ BROKEN_POWER_LAW = LossLawFamily(
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,
-    description="E + B/D^beta (no model-size term)", min_budgets=3)
+    description="E + B/D^beta (no model-size term)", min_budgets=3, prior_revision=1)
 
 FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BROKEN_POWER_LAW, DATA_ONLY)}
 

@@ -84,7 +84,7 @@ def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
     log_sd = EXPONENT_PRIOR[1]
     assert 0.4 * log_sd < np.std(np.asarray(starts["alpha"])) < 2.0 * log_sd
     alpha, beta = np.exp(np.asarray(starts["alpha"])), np.exp(np.asarray(starts["beta"]))
-    stated = _level_and_slopes(alpha[:, None], beta[:, None]).inv(starts["level_and_slopes"])  # e, a_ref, b_ref
+    stated = _level_and_slopes(alpha, beta).inv(starts["level_and_slopes"])  # e, a_ref, b_ref
     assert 1.0 < np.std(np.asarray(stated[:, 1])) < 4.0
     again = prior_starts(loss_law_model, args, 8, seed=0)
     np.testing.assert_array_equal(np.asarray(starts["level_and_slopes"]), np.asarray(again["level_and_slopes"]))
@@ -383,35 +383,45 @@ def test_each_acceptance_model_samples_its_effects_at_its_own_target_acceptance(
     assert seen == [0.9, 0.9, 0.99, 0.9, 0.8]
 
 
-def test_the_chinchilla_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior():
-    """NUTS samples (e, a_ref, b_ref) as the log loss at the centre and the terms' log slopes relative to
-    E; the prior density must still be the stated Normal(0.5, 1), Normal(-1, 2), Normal(-1, 2) at every
-    point (a unit Jacobian), checked against SciPy's densities, and prior draws must follow it."""
+@pytest.mark.parametrize("family_name, terms, exponents", [
+    ("chinchilla", ("a_ref", "b_ref"), ("alpha", "beta")),
+    ("data", ("b_ref",), ("beta",)),
+])
+def test_the_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior(family_name, terms, exponents):
+    """NUTS samples (e, a_ref, b_ref) (the data-only law: (e, b_ref)) as the log loss at the centre and
+    the terms' log slopes relative to E; the prior density must still be the stated Normal(0.5, 1) for e
+    and Normal(-1, 2) for each term at every point (a unit Jacobian), checked against SciPy's
+    densities, and prior draws must follow it."""
     import jax
     import numpyro
     from scipy import stats
 
-    from sdsl_jax.loss_laws import CHINCHILLA, EXPONENT_PRIOR, DataCentre
+    from sdsl_jax.loss_laws import EXPONENT_PRIOR, FAMILIES, DataCentre
 
+    family = FAMILIES[family_name]
     centre = DataCentre.of(np.log([1e5, 1e7]), np.log([1e8, 1e10]))
     exponent = stats.lognorm(s=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[0])
+    stated_normals = dict(e=stats.norm(0.5, 1.0), **{t: stats.norm(-1.0, 2.0) for t in terms})
     for seed in range(5):
-        trace = numpyro.handlers.trace(numpyro.handlers.seed(CHINCHILLA.prior, seed)).get_trace(centre)
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(family.prior, seed)).get_trace(centre)
         log_density = sum(float(site["fn"].log_prob(site["value"])) for site in trace.values()
                           if site["type"] == "sample")
-        value = {k: float(trace[k]["value"]) for k in ("e", "a_ref", "b_ref", "alpha", "beta")}
-        stated = (stats.norm(0.5, 1.0).logpdf(value["e"]) + stats.norm(-1.0, 2.0).logpdf(value["a_ref"])
-                  + stats.norm(-1.0, 2.0).logpdf(value["b_ref"]) + exponent.logpdf(value["alpha"])
-                  + exponent.logpdf(value["beta"]))
+        value = {k: float(trace[k]["value"]) for k in ("e", *terms, *exponents)}
+        stated = (sum(d.logpdf(value[k]) for k, d in stated_normals.items())
+                  + sum(exponent.logpdf(value[k]) for k in exponents))
         assert log_density == pytest.approx(stated, rel=1e-12, abs=1e-12)
-        np.testing.assert_allclose(float(trace["a"]["value"]), value["a_ref"] + value["alpha"] * centre.log_n,
+        np.testing.assert_allclose(float(trace["b"]["value"]), value["b_ref"] + value["beta"] * centre.log_d,
                                    rtol=1e-12)
         # What makes the density above the density of the sampled coordinates: the map's Jacobian
         # determinant is 1 (by autodiff, at this draw's point).
         transform = trace["level_and_slopes"]["fn"].transforms[0]
-        x = jax.numpy.array([value["e"], value["a_ref"], value["b_ref"]])
+        x = jax.numpy.array([value["e"], *(value[t] for t in terms)])
         assert float(jax.numpy.linalg.det(jax.jacfwd(transform)(x))) == pytest.approx(1.0, rel=1e-12)
         np.testing.assert_allclose(transform.inv(transform(x)), x, rtol=1e-12, atol=1e-12)
-    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1), centre)
-    for name, (loc, scale) in dict(e=(0.5, 1.0), a_ref=(-1.0, 2.0), b_ref=(-1.0, 2.0)).items():
-        assert stats.kstest(np.asarray(draws[name]), "norm", args=(loc, scale)).pvalue > 1e-3, name
+        y = np.asarray(transform(x))
+        assert y[0] == pytest.approx(np.logaddexp.reduce(np.asarray(x)), rel=1e-12)
+        np.testing.assert_allclose(y[1:], [value[t] - value["e"] + np.log(value[k]) for t, k in zip(terms, exponents)],
+                                   rtol=1e-12, atol=1e-12)
+    draws = numpyro.infer.Predictive(family.prior, num_samples=4000)(jax.random.PRNGKey(1), centre)
+    for name, normal in stated_normals.items():
+        assert stats.kstest(np.asarray(draws[name]), normal.cdf).pvalue > 1e-3, name

@@ -173,6 +173,22 @@ def _prior_terms_sampled_as_stated(centre):
     return jnp.stack([a, b, e, alpha, beta])
 
 
+def _data_prior_sampled_as_stated(centre):
+    """The shipped data-only priors, with NUTS sampling ``b_ref, e`` themselves rather than the
+    level-and-slope coordinates of the same prior."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from sdsl_jax.loss_laws import _exponent_prior
+
+    beta = numpyro.sample("beta", _exponent_prior())
+    b_ref = numpyro.sample("b_ref", dist.Normal(-1.0, 2.0))
+    e = numpyro.sample("e", dist.Normal(0.5, 1.0))
+    b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
+    return jnp.stack([b, e, beta])
+
+
 GEOMETRY_SEEDS = (0, 1, 2, 3)
 
 
@@ -181,23 +197,27 @@ def bench_nuts_geometry() -> list[dict]:
     ``GEOMETRY_SEEDS``) in three coordinates of the Chinchilla law: its terms stated at N = D = 1; stated
     at the data's centre and sampled as stated; the same prior sampled as the log loss at the centre and
     the terms' log slopes (shipped). Per run: leapfrog steps per draw, draws at the tree-depth cap,
-    bulk ESS, R-hat, divergences and ESS per second; per coordinates, how many runs pass every check."""
+    bulk ESS, R-hat, divergences and ESS per second; per coordinates, how many runs pass every check.
+    The same for the data-only law on the ladder, sampled as stated against the shipped level and slope."""
     import dataclasses
 
     from sdsl_jax import CHINCHILLA, infer
     from sdsl_jax.data import load_pretraining
+    from sdsl_jax.loss_laws import DATA_ONLY
 
     variants = (("terms at N = 1", dataclasses.replace(CHINCHILLA, prior=_prior_at_unit_size)),
                 ("terms at the centre, sampled as stated",
                  dataclasses.replace(CHINCHILLA, prior=_prior_terms_sampled_as_stated)),
                 ("level and slopes at the centre (shipped)", CHINCHILLA))
-    datasets = (("Chinchilla reference", "fits/data/chinchilla_fig4.csv", False),
-                ("model ladder, run effects", "fits/ladder/pretraining.csv", True))
+    data_only = (("data-only law, sampled as stated", dataclasses.replace(DATA_ONLY, prior=_data_prior_sampled_as_stated)),
+                 ("data-only law, level and slope at the centre (shipped)", DATA_ONLY))
+    datasets = (("Chinchilla reference", "fits/data/chinchilla_fig4.csv", False, variants),
+                ("model ladder, run effects", "fits/ladder/pretraining.csv", True, variants + data_only))
     rows = []
-    for name, path, effects in datasets:
+    for name, path, effects, families in datasets:
         runs = load_pretraining(path)
         run = runs.run_index()[0] if effects else None
-        for side, family in variants:
+        for side, family in families:
             infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run, num_chains=4,
                                   num_warmup=20, num_samples=20, progress_bar=False, retries=0)  # compiles
             records = []
