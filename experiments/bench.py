@@ -30,8 +30,8 @@ Sections:
               and projected: how many of --effect-seeds NUTS runs pass their checks (all pairs, and a
               closure's refit without the smallest size).
   accept      each acceptance model with per-draft and per-target effects on the factorial ladder's
-              pairs at its shipped target acceptance against 0.99: checks passed, divergences, steps
-              per draw, ESS and time (--effect-seeds runs each).
+              pairs at target acceptance 0.9 and 0.99: checks passed, divergences, steps per draw,
+              ESS and time (--effect-seeds runs each).
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
               family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's

@@ -329,8 +329,8 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
 
 def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
     """Each acceptance model with per-draft and per-target effects on the factorial ladder's pairs
-    (``fits/ladder/acceptance.csv``: both kinds identified) at its shipped target acceptance
-    (``AcceptanceModel.effects_target_accept``) against 0.99, ``seeds`` NUTS runs each (4 x (500 +
+    (``fits/ladder/acceptance.csv``: both kinds identified) at target acceptance 0.9 and 0.99 (the
+    shipped one is ``AcceptanceModel.effects_target_accept``), ``seeds`` NUTS runs each (4 x (500 +
     500), no reruns): runs passing every check, divergent transitions, leapfrog steps per draw,
     bulk ESS and time."""
     from sdsl_jax import infer
@@ -342,7 +342,7 @@ def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
     rows = []
     for name, model in ACCEPTANCE_MODELS.items():
         result = {}
-        for accept in sorted({model.effects_target_accept, 0.99}):
+        for accept in (0.9, 0.99):
             kw = dict(weights=pairs.regression_weights(), model=model, draft=draft, target=target, num_chains=4,
                       progress_bar=False, retries=0, target_accept=accept)
             infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
@@ -364,10 +364,9 @@ def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
                   f"{summary['passed']}/{seeds} runs pass, {summary['divergences']} divergent transitions, median "
                   f"{summary['median_steps']:.0f} steps per draw, median min bulk ESS {summary['median_min_ess']:.0f}, "
                   f"worst R-hat {summary['worst_rhat']:.3f}, median {summary['median_seconds']:.1f} s", flush=True)
-        if len(result) == 2:
-            shipped, high = result[f"target_accept_{model.effects_target_accept}"], result["target_accept_0.99"]
-            print(f"effects target acceptance, {name}: {high['median_steps'] / shipped['median_steps']:.1f}x fewer steps "
-                  f"per draw, time {high['median_seconds'] / shipped['median_seconds']:.2f}x", flush=True)
+        low, high = result["target_accept_0.9"], result["target_accept_0.99"]
+        print(f"effects target acceptance, {name}: at 0.9 {high['median_steps'] / low['median_steps']:.1f}x fewer "
+              f"steps per draw than at 0.99, time {high['median_seconds'] / low['median_seconds']:.2f}x", flush=True)
         rows.append(dict(name=f"effects target acceptance {name}", seeds=seeds, **result))
     return rows
 
