@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--effect-seeds", type=int, default=6,
                         help="NUTS runs per variant and data set in the effects, accept and breaks sections "
                              "(default 6)")
+    parser.add_argument("--accept-models", default="",
+                        help="the accept section's acceptance models, comma-separated (default: all)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
                         help="the scaling section's tables, comma-separated (default: all of "
                              f"{','.join(SCALING_PARTS)})")
@@ -99,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scaling_parts.split(",")) - set(SCALING_PARTS))
     if unknown:
         parser.error(f"--scaling-parts: unknown table(s) {unknown}; choose from {','.join(SCALING_PARTS)}")
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+
+    unknown = [m for m in args.accept_models.split(",") if m and m not in ACCEPTANCE_MODELS]
+    if unknown:
+        parser.error(f"--accept-models: unknown model(s) {unknown}; choose from {','.join(ACCEPTANCE_MODELS)}")
     for name in ("points", "targets", "form_targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets",
                  "effect_seeds"):
         if getattr(args, name) < 1:
@@ -127,7 +134,7 @@ def run_benchmarks(args, argv) -> int:
         elif name == "effects":
             results += bench_effect_sides(args.effect_seeds)
         elif name == "accept":
-            results += bench_effects_target_accept(args.effect_seeds)
+            results += bench_effects_target_accept(args.effect_seeds, [m for m in args.accept_models.split(",") if m])
         elif name == "breaks":
             results += bench_break_acceptance(args.effect_seeds)
         elif name == "break-prior":

@@ -5,6 +5,7 @@ intervals, and NUTS with its sampling loop compiled once against NumPyro's own.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -327,12 +328,12 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
     return rows
 
 
-def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
+def bench_effects_target_accept(seeds: int = 4, models: Sequence[str] | None = None) -> list[dict]:
     """Each acceptance model with per-draft and per-target effects on the factorial ladder's pairs
     (``fits/ladder/acceptance.csv``: both kinds identified) at target acceptance 0.9 and 0.99 (the
     shipped one is ``AcceptanceModel.effects_target_accept``), ``seeds`` NUTS runs each (4 x (500 +
     500), no reruns): runs passing every check, divergent transitions, leapfrog steps per draw,
-    bulk ESS and time."""
+    bulk ESS and time. ``models``: the acceptance models' names (default: all)."""
     from sdsl_jax import infer
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance
@@ -340,8 +341,8 @@ def bench_effects_target_accept(seeds: int = 4) -> list[dict]:
     pairs = load_acceptance("fits/ladder/acceptance.csv")
     draft, _, target, _ = pairs.model_index()
     rows = []
-    for name, model in ACCEPTANCE_MODELS.items():
-        result = {}
+    for name in models or ACCEPTANCE_MODELS:
+        model, result = ACCEPTANCE_MODELS[name], {}
         for accept in (0.9, 0.99):
             kw = dict(weights=pairs.regression_weights(), model=model, draft=draft, target=target, num_chains=4,
                       progress_bar=False, retries=0, target_accept=accept)
