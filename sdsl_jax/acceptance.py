@@ -193,8 +193,8 @@ class AcceptanceModel:
         (:func:`sdsl_jax.infer.posterior.sample_plane`; without effects 0.9). The planes on raw
         perplexities and on losses sample their effects at 0.9 with no divergent transition on
         the factorial ladder's 180 pairs (35 drafts, 8 targets) in about 63 leapfrog steps per
-        draw, half of what 0.99 takes; the logit-plane diverged there at 0.9 and keeps 0.99
-        (``docs/benchmarks.md``, NUTS geometry).
+        draw, half of what 0.99 takes; the logit-plane's effects diverge there at 0.9, and it keeps
+        0.99 (``python -m experiments.bench --only accept``, ``docs/benchmarks.md``).
     """
 
     name: str
