@@ -517,6 +517,8 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
                        for name, r in results.items()},
         identification={name: dict(zip(r.posterior.identification.names,
                                        map(float, r.posterior.identification.contraction)))
-                        for name, r in results.items() if r.posterior.identification is not None})
+                        for name, r in results.items() if r.posterior.identification is not None},
+        diagnostics={name: r.posterior.diagnostics.loss_law._asdict() for name, r in results.items()
+                     if r.posterior.diagnostics is not None})
     pred = result.prediction._replace(bands=grid_bands, target_bands=named_bands)
     return result._replace(prediction=pred), entry

@@ -246,6 +246,12 @@ def format_table(summary: dict) -> str:
             if name in st.get("identification", {}):
                 print(" " * 14 + "posterior against prior (1 - variance ratio): " + ", ".join(
                     f"{k} {c:.2f}" for k, c in st["identification"][name].items()))
+            if name in st.get("diagnostics", {}):
+                d = st["diagnostics"][name]
+                print(" " * 14 + f"posterior on all the data: max R-hat {d['max_rhat']:.3f}, min bulk ESS "
+                      f"{d['min_ess_bulk']:.0f}, {d['num_divergences']} divergent, {d['median_steps']:.0f} leapfrog "
+                      f"steps per draw (median), {d['max_tree_depth_share']:.0%} at the maximum tree depth, "
+                      f"{d['attempts']} run(s)" + ("" if d["ok"] else "; failed: " + "; ".join(d["problems"])))
         for name, why in st["skipped"].items():
             print(f"  {name:>10}: not fitted ({why})")
         lead = law["family"]

@@ -168,6 +168,10 @@ def test_stacked_forms_on_the_ladder_with_run_effects(tmp_path, monkeypatch):
     # Each form says how far its posterior moved from its prior, parameter by parameter (the N exponent too).
     assert set(stacking["identification"]["kaplan"]) == {"alpha_N", "alpha_D", "l_N", "l_D"}
     assert "alpha" in stacking["identification"]["chinchilla"]
+    # ... and how its own posterior sampled: the checks and the geometry, one record per form.
+    for name in ("chinchilla", "kaplan"):
+        d = stacking["diagnostics"][name]
+        assert d["median_steps"] >= 1 and 0.0 <= d["max_tree_depth_share"] <= 1.0 and d["attempts"] == 1
     assert all(c <= 1 for form in stacking["identification"].values() for c in form.values())
     assert summary["settings"]["run_effects"] is True and summary["settings"]["bands"] == "posterior-predictive"
     # The ladder's pairs share draft and target models: the acceptance posterior has the drafts'

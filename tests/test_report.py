@@ -72,12 +72,29 @@ def test_a_point_fit_at_a_bound_is_named_and_never_shown_as_the_answer():
 
 
 def test_under_stacking_the_table_names_whose_point_fit_the_point_columns_are():
-    """The shipped ladder fit stacks the forms: its bands are the mixture's (Kaplan, weight 1.000),
-    its point columns the --law fit's (Chinchilla, weight 0, its posterior failed its checks). The
-    table says whose each is, so a point outside its row's band reads as what it is."""
+    """The shipped ladder fit stacks the forms: its bands are the mixture's, its point columns the
+    --law fit's (Chinchilla). The table says whose each is, and with what weight, so a point outside
+    its row's band reads as what it is; a form whose posterior failed is said to have failed, and
+    each form's posterior on all the data is listed with its checks and geometry."""
+    import copy
+
     with open(os.path.join(REPO, "fits", "ladder", "fit", "summary.json")) as handle:
         summary = json.load(handle)
+    st = summary["stacking"]
+    lead_weight = dict(zip(st["forms"], st["weights"]))["chinchilla"]
     table = report.format_table(summary)
-    assert summary["loss_law"]["family"] == "chinchilla" and "chinchilla" in summary["stacking"]["failed_checks"]
+    assert summary["loss_law"]["family"] == "chinchilla"
     assert ("the point columns (N* (point), gamma*, alpha, the speedup before its band) are the chinchilla law's "
-            "point fit (--law, stacking weight 0.000; its posterior failed its checks)") in table
+            f"point fit (--law, stacking weight {lead_weight:.3f}" + (
+                "; its posterior failed its checks)" if "chinchilla" in st["failed_checks"] else ")")) in table
+    failed = copy.deepcopy(summary)
+    failed["stacking"]["failed_checks"] = ["chinchilla"]
+    failed["stacking"]["weights"] = [0.0 if f == "chinchilla" else w for f, w in zip(st["forms"], st["weights"])]
+    assert ("are the chinchilla law's point fit (--law, stacking weight 0.000; its posterior failed its checks)"
+            in report.format_table(failed))
+    failed["stacking"]["diagnostics"] = {"chinchilla": dict(
+        max_rhat=1.0123, min_ess_bulk=350.4, num_divergences=2, ok=False, median_steps=63.0, mean_steps=50.0,
+        max_tree_depth_share=0.0, attempts=3, problems=["R-hat 1.012 >= 1.01", "2 divergent transitions"])}
+    assert ("posterior on all the data: max R-hat 1.012, min bulk ESS 350, 2 divergent, 63 leapfrog steps per draw "
+            "(median), 0% at the maximum tree depth, 3 run(s); failed: R-hat 1.012 >= 1.01; 2 divergent "
+            "transitions") in report.format_table(failed)
