@@ -279,13 +279,34 @@ def _bench_effect_coordinates() -> list[dict]:
                  steps_ratio=old["median_steps"] / new["median_steps"], time_ratio=old["seconds"] / new["seconds"])]
 
 
+def _plane_runs(pairs, seeds: int, **kw) -> dict:
+    """``seeds`` NUTS runs of ``sample_plane(pairs, **kw)`` (4 x (500 + 500) after one short run that
+    compiles): each run's checks, steps per draw and time, and their summary over the seeds."""
+    from sdsl_jax import infer
+
+    infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
+    runs = []
+    for seed in range(seeds):
+        start = time.perf_counter()
+        d = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=500, num_samples=500,
+                               seed=seed, **kw).diagnostics
+        runs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
+                         min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps,
+                         at_cap=d.max_tree_depth_share))
+    return dict(runs=runs, passed=sum(r["ok"] for r in runs), with_divergences=sum(r["divergences"] > 0 for r in runs),
+                divergences=sum(r["divergences"] for r in runs),
+                median_steps=float(np.median([r["median_steps"] for r in runs])),
+                median_min_ess=float(np.median([r["min_ess"] for r in runs])),
+                worst_rhat=float(max(r["max_rhat"] for r in runs)),
+                median_seconds=float(np.median([r["seconds"] for r in runs])))
+
+
 def bench_effect_sides(seeds: int = 6) -> list[dict]:
     """The acceptance plane's checks with per-model effects on the kinds of model the design identifies
     (the ladder: the drafts only, :meth:`AcceptanceMeasurements.model_effects_identified`) against
     effects on both kinds, non-centred and projected, over ``seeds`` NUTS runs each (4 x (500 + 500),
     target acceptance 0.99, no reruns), on all the ladder's pairs and on the pairs without its
     smallest size (a closure's refit): how many runs pass R-hat, bulk ESS and no divergences."""
-    from sdsl_jax import infer
     from sdsl_jax.data import load_acceptance
 
     pairs = load_acceptance("fits/ladder-v1/acceptance.csv")
@@ -302,20 +323,7 @@ def bench_effect_sides(seeds: int = 6) -> list[dict]:
         for variant, extra in variants.items():
             kw = dict(weights=kept.regression_weights(), draft=draft, target=target, num_chains=4, progress_bar=False,
                       retries=0, target_accept=0.99, **extra)
-            infer.sample_plane(kept.ppl_draft, kept.ppl_target, kept.alpha, num_warmup=20, num_samples=20, **kw)
-            runs = []
-            for seed in range(seeds):
-                start = time.perf_counter()
-                d = infer.sample_plane(kept.ppl_draft, kept.ppl_target, kept.alpha, num_warmup=500, num_samples=500,
-                                       seed=seed, **kw).diagnostics
-                runs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
-                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps))
-            summary = dict(runs=runs, passed=sum(r["ok"] for r in runs),
-                           with_divergences=sum(r["divergences"] > 0 for r in runs),
-                           divergences=sum(r["divergences"] for r in runs),
-                           median_seconds=float(np.median([r["seconds"] for r in runs])),
-                           median_min_ess=float(np.median([r["min_ess"] for r in runs])),
-                           worst_rhat=float(max(r["max_rhat"] for r in runs)))
+            summary = _plane_runs(kept, seeds, **kw)
             result[variant] = summary
             print(f"effect sides, {data_name}, {variant}: {summary['passed']}/{seeds} runs pass their checks, "
                   f"{summary['with_divergences']} with divergences ({summary['divergences']} in all), median min "
@@ -334,7 +342,6 @@ def bench_effects_target_accept(seeds: int = 4, models: Sequence[str] | None = N
     shipped one is ``AcceptanceModel.effects_target_accept``), ``seeds`` NUTS runs each (4 x (500 +
     500), no reruns): runs passing every check, divergent transitions, leapfrog steps per draw,
     bulk ESS and time. ``models``: the acceptance models' names (default: all)."""
-    from sdsl_jax import infer
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance
 
@@ -346,20 +353,7 @@ def bench_effects_target_accept(seeds: int = 4, models: Sequence[str] | None = N
         for accept in (0.9, 0.99):
             kw = dict(weights=pairs.regression_weights(), model=model, draft=draft, target=target, num_chains=4,
                       progress_bar=False, retries=0, target_accept=accept)
-            infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=20, num_samples=20, **kw)
-            runs = []
-            for seed in range(seeds):
-                start = time.perf_counter()
-                d = infer.sample_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha, num_warmup=500,
-                                       num_samples=500, seed=seed, **kw).diagnostics
-                runs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
-                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps,
-                                 at_cap=d.max_tree_depth_share))
-            summary = dict(runs=runs, passed=sum(r["ok"] for r in runs), divergences=sum(r["divergences"] for r in runs),
-                           median_steps=float(np.median([r["median_steps"] for r in runs])),
-                           median_min_ess=float(np.median([r["min_ess"] for r in runs])),
-                           worst_rhat=float(max(r["max_rhat"] for r in runs)),
-                           median_seconds=float(np.median([r["seconds"] for r in runs])))
+            summary = _plane_runs(pairs, seeds, **kw)
             result[f"target_accept_{accept}"] = summary
             print(f"effects target acceptance, {name} at {accept}{' (shipped)' if accept == model.effects_target_accept else ''}: "
                   f"{summary['passed']}/{seeds} runs pass, {summary['divergences']} divergent transitions, median "
