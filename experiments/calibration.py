@@ -332,9 +332,10 @@ def _misspecified(args, command: str) -> dict | None:
                                propagate=args.chains * args.draws, reruns=args.reruns,
                                rerun_weight=args.rerun_weight if args.reruns else None)
     # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
-    # each form's target acceptance) and the exponents' prior belong to the study too: a closure
-    # fitted under other choices is another study's, never resumed into this one.
-    study = dict(seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
+    # each form's target acceptance), the exponents' prior and where the forecast comes from (the
+    # stacked mixture) belong to the study too: a closure fitted under other choices is another
+    # study's, never resumed into this one.
+    study = dict(forecast="stacked mixture", seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),

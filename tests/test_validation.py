@@ -109,3 +109,36 @@ def test_a_closure_on_acceptance_rates_alone_names_its_measured_side(tmp_path):
         t = np.array(rec["measured_tokens_per_flop"])
         assert rec["measured_best"] == rec["drafts"][int(np.argmax(t))]
     assert "Measured side: no speculative runs" in (tmp_path / "closure.md").read_text()
+
+
+def _form(name: str, weight: float, scale_a: float, count: int = 200):
+    """A form with loss-law draws around Hoffmann et al.'s, its A term scaled (moving N*), the paper's plane."""
+    from sdsl_jax import HOFFMANN2022, SDSL2026, LossLaw, AcceptancePlane
+    from sdsl_jax.validation.forms import FormFit
+
+    rng = np.random.default_rng(int(scale_a * 10))
+    law = LossLaw(*(np.full(count, float(v)) for v in HOFFMANN2022))
+    law = law._replace(A=law.A * scale_a * np.exp(0.2 * rng.standard_normal(count)))
+    plane = AcceptancePlane(*(np.full(count, float(v)) for v in SDSL2026))
+    return FormFit(name, weight, None, (law, plane), None, None, None)
+
+
+@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.8, 0.2)])
+def test_the_stacked_n_star_band_is_the_mixture_of_the_forms_draws(weights):
+    """The mixture's median lies between the forms' medians, its 5% and 95% within the forms' extremes,
+    and with one form it is that form's own band (posterior_forecast's)."""
+    from sdsl_jax.validation.closure import n_star_draws, n_star_fields
+    from sdsl_jax.validation.forms import mixture_n_star
+
+    kw = dict(m=7e10, d_target=1.4e12, d_ref=2e11, rho=20.0, n_star_recipe=3e8, seed=0)
+    forms = [_form("low", weights[0], 0.3), _form("high", weights[1], 3.0)]
+    alone = [n_star_fields(kw["m"], *n_star_draws(f.draws, f.scales, **kw)) for f in forms]
+    mixed = mixture_n_star(forms, **kw)
+    for key in ("n_star_band", "n_star_recipe_band"):
+        lo, mid, hi = mixed[key]
+        (lo_a, mid_a, hi_a), (lo_b, mid_b, hi_b) = (a[key] for a in alone)
+        assert mid_a < mid_b  # the forms disagree: the test can tell a mixture from either form
+        assert mid_a <= mid <= mid_b and min(lo_a, lo_b) <= lo and hi <= max(hi_a, hi_b)
+        assert hi / lo > max(hi_a / lo_a, hi_b / lo_b)  # wider than either form's band: their disagreement
+    lead = mixture_n_star([forms[0]._replace(weight=1.0)], **kw)
+    assert lead == alone[0]

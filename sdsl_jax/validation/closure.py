@@ -18,6 +18,8 @@ __all__ = [
     "candidate_labels",
     "close_loop",
     "posterior_forecast",
+    "n_star_draws",
+    "n_star_fields",
     "measured_best_bootstrap",
     "forecast_scores",
     "outside_band",
@@ -188,20 +190,41 @@ def posterior_forecast(point, ranking, draws, scales, *, n, d, m: float, d_targe
         mean_only = predict.rank_drafts(point, n_drafts=n, d_drafts=d, m_target=m, d_target=d_target, draws=draws)
         rec["p_best_mean_only"] = mean_only.p_best.tolist()
     rec["predicted_tokens_per_flop_band"] = ranking.throughput_band.tolist()
+    rec.update(n_star_fields(m, *n_star_draws(draws, scales, m=m, d_target=d_target, d_ref=d_ref, rho=rho,
+                                              n_star_recipe=n_star_recipe, seed=seed)))
+    return rec
+
+
+def n_star_draws(draws, scales, *, m: float, d_target: float, d_ref: float, rho: float, n_star_recipe: float,
+                 seed: int) -> tuple[tuple, tuple]:
+    """One target's posterior-predictive (N*, gamma*, T*) draws, each of shape ``(draws, 1)``: at the
+    draft budget ``d_ref``, and along D = rho N (a new draft's offset drawn at ``rho x n_star_recipe``
+    tokens). ``draws`` as :func:`sdsl_jax.predict.paired_draws`; ``scales`` None: the mean curve."""
+    from sdsl_jax import predict
+
     laws, planes = draws
+    target = np.array([m])
     fixed_planes = planes if scales is None else predict.predictive_planes(
         planes, scales, d_draft=d_ref, d_target=d_target, seed=seed)
-    bands = predict.propagate_draft_size(np.array([m]), laws, fixed_planes, d_draft=d_ref, d_target=d_target,
-                                         quantiles=(0.05, 0.5, 0.95))
-    rec["n_star_band"] = np.asarray(bands.n_star)[:, 0].tolist()
-    rec["n_star_failed_fraction"] = float(np.asarray(bands.failed_fraction)[0])
+    at_ref = predict.solve_draws(target, laws, fixed_planes, d_draft=d_ref, d_target=d_target)
     recipe_planes = planes if scales is None else predict.predictive_planes(
         planes, scales, d_draft=float(rho * n_star_recipe) if np.isfinite(n_star_recipe) else d_ref,
         d_target=d_target, seed=seed)
-    recipe_bands = predict.propagate_draft_size(np.array([m]), laws, recipe_planes, recipe=TokensPerParameter(rho),
-                                                d_target=d_target, quantiles=(0.05, 0.5, 0.95))
-    rec["n_star_recipe_band"] = np.asarray(recipe_bands.n_star)[:, 0].tolist()
-    return rec
+    along = predict.solve_draws(target, laws, recipe_planes, recipe=TokensPerParameter(rho), d_target=d_target)
+    return at_ref, along
+
+
+def n_star_fields(m: float, at_ref: tuple, along: tuple) -> dict:
+    """A target's record of N*: the 90% band and median at the reference budget with the share of draws
+    that found no optimum, and along the recipe, from :func:`n_star_draws`' draws (or a mixture's)."""
+    from sdsl_jax import predict
+
+    quantiles = (0.05, 0.5, 0.95)
+    bands = predict.summarize_draws(np.array([m]), *at_ref, quantiles=quantiles)
+    recipe_bands = predict.summarize_draws(np.array([m]), *along, quantiles=quantiles)
+    return dict(n_star_band=np.asarray(bands.n_star)[:, 0].tolist(),
+                n_star_failed_fraction=float(np.asarray(bands.failed_fraction)[0]),
+                n_star_recipe_band=np.asarray(recipe_bands.n_star)[:, 0].tolist())
 
 
 def measured_best_bootstrap(speculative: SpeculativeRuns, rows_by_draft: dict[str, list[int]], drafts: list[str],

@@ -133,8 +133,8 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
                   "on the pairs): " + ", ".join(f"{name} {w:.3f}" for name, w in stacking["forms"].items())
                   + (" (the rest below one draw in " + str(propagate) + ")" if len(stacking["forms"]) <
                      len(stacking["laws"]) * len(stacking["acceptance_models"]) else "")
-                  + ". P(best), the T bands and the predicted best are the mixture's; N*, alpha and the curve are "
-                  f"the highest-weight form's ({fit.forms[0].name})."
+                  + ". P(best), the T bands, the predicted best, the Bayes decision and the N* bands are the "
+                  f"mixture's; the point N*, alpha and the curve are the highest-weight form's ({fit.forms[0].name})."
                   + (" Prospective: forms and weights chosen again by each fit without a size." if "prospective"
                      in scores else "") + "\n")
     return table

@@ -15,13 +15,14 @@ from sdsl_jax import draft_throughput
 from sdsl_jax.store import StageStore, content_digest
 from sdsl_jax.forecast import bayes_decision
 from sdsl_jax.loss_laws import prior_key
-from sdsl_jax.validation.closure import candidate_labels, decision_fields
+from sdsl_jax.validation.closure import candidate_labels, decision_fields, n_star_draws, n_star_fields
 
 __all__ = [
     "Stages",
     "FormFit",
     "fit_forms",
     "mixture_throughput",
+    "mixture_n_star",
     "stack_records",
     "fit_data_set",
 ]
@@ -296,10 +297,35 @@ def mixture_throughput(forms: list[FormFit], *, drafts, n, d, target: str, m: fl
         return np.concatenate(columns), np.where(weight > 0, weighted / weight, np.nan)
 
 
-def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -> None:
-    """Replace the P(best), T bands and predicted best of ``records`` by the stacked mixture's.
+def mixture_n_star(forms: list[FormFit], *, m: float, d_target: float, d_ref: float, rho: float,
+                   n_star_recipe: float, seed: int = 0) -> dict:
+    """A target's N* bands (at ``d_ref`` and along D = rho N) from the stacked mixture's draws.
 
-    N*, gamma*, alpha and the law's curve stay those of the highest-weight form (``lead_form``).
+    Each form's posterior-predictive N* draws (:func:`sdsl_jax.validation.closure.n_star_draws`), of
+    which it contributes its share (:func:`sdsl_jax.compare.mixture_draw_indices`, the rule of
+    :func:`mixture_throughput` and of the fit CLI's bands), summarised as one set of draws.
+    """
+    from sdsl_jax.compare import mixture_draw_indices
+
+    total = min(np.size(form.draws[0][0]) for form in forms)
+    shares = dict(mixture_draw_indices([f.name for f in forms], [f.weight for f in forms], total, seed=seed))
+    at_ref, along = [], []
+    for form in forms:
+        if form.name in shares:
+            a, b = n_star_draws(form.draws, form.scales, m=m, d_target=d_target, d_ref=d_ref, rho=rho,
+                                n_star_recipe=n_star_recipe, seed=seed)
+            at_ref.append([x[shares[form.name]] for x in a])
+            along.append([x[shares[form.name]] for x in b])
+    joined = lambda parts: tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # noqa: E731
+    return n_star_fields(m, joined(at_ref), joined(along))
+
+
+def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -> None:
+    """Replace the P(best), T bands, predicted best, Bayes decision and N* bands of ``records`` by the
+    stacked mixture's.
+
+    The point columns (N*, gamma*, alpha and the law's curve) stay those of the highest-weight
+    form (``lead_form``).
     """
     from sdsl_jax import predict
 
@@ -319,6 +345,9 @@ def stack_records(records: list[dict], forms: list[FormFit], *, seed: int = 0) -
         r["predicted_best"] = r["drafts"][best] if best is not None else None
         r["measured_fraction_of_best"] = float(measured[best] / measured.max()) if best is not None else float("nan")
         r.update(decision_fields(bayes_decision(t_draws), r["drafts"], measured))
+        if "n_star_band" in r:
+            r.update(mixture_n_star(forms, m=r["m_target"], d_target=r["d_target"], d_ref=r["d_reference"],
+                                    rho=r["recipe_tokens_per_param"], n_star_recipe=r["n_star_recipe"], seed=seed))
 
 
 def fit_data_set(runs, pairs, *, family, model, starts_every: int, chains: int, warmup: int, draws: int,

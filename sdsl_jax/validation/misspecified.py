@@ -232,18 +232,23 @@ def synthetic_closure(process: TrueProcess, runs, pairs, speculative, settings, 
 
     ``settings`` is a :class:`sdsl_jax.validation.closure_fits.ClosureSettings` (its seed is
     replaced by ``seed``); ``stack`` the names of the (loss-law families, acceptance models) fitted
-    and stacked, as ``--stack`` names them. Returns a JSON-ready record: per target the forecast P(best), the
+    and stacked, as ``--stack`` names them; P(best), the Bayes decision and the N* band are the stacked
+    mixture's, as in the shipped closure (:func:`sdsl_jax.validation.forms.stack_records`). Returns a
+    JSON-ready record: per target the forecast P(best), the
     true best, the 90% N* band with both truths, the Bayes decision and its true regret; and
     the posteriors' failed checks, each with what failed.
     """
     from sdsl_jax.validation.closure import close_loop
     from sdsl_jax.validation.closure_fits import fit_in_sample
+    from sdsl_jax.validation.forms import stack_records
 
     data = synthetic_closure_data(process, runs, pairs, speculative, seed=seed)
     forms = ([FAMILIES[name] for name in stack[0]], [ACCEPTANCE_MODELS[name] for name in stack[1]])
     fit = fit_in_sample(data.runs, data.pairs, settings._replace(seed=seed), stack=forms, log=log)
     records = close_loop(data.speculative, fit.point, draws=fit.draws, scales=fit.scales, seed=seed,
                          runs=data.runs, pairs=data.pairs)
+    if fit.forms is not None:  # the shipped closure's forecast: the stacked mixture's, not the lead form's
+        stack_records(records, fit.forms, seed=seed)
     targets = []
     for rec in records:
         truth = data.truth[rec["target"]]
