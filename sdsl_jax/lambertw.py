@@ -12,9 +12,10 @@ Algorithm (the same for both branches, a fixed number of steps so that it jits a
    ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
 2. Two steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21],
    which is fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot
-   overflow (on float64 ``W_0`` the first step, and its guess, use a cheaper logarithm accurate to
-   1e-9, :func:`_rough_log`: a step leaves about 0.015 e^4 of an error e, so the second ends at
-   rounding all the same)::
+   overflow. On float64 the guess and the first step use a cheaper logarithm accurate to 1.5e-7
+   (:func:`_rough_log`: a step leaves about 0.015 e^4 of an error e, so the second ends at
+   rounding all the same), and the last step fdlibm's logarithm (:func:`_log`, within one ulp;
+   XLA's float64 logarithm does not vectorise on CPUs)::
 
        zn  = log(z / w) - w
        q   = 2 (1 + w) (1 + w + 2 zn / 3)
@@ -38,7 +39,8 @@ References:
   Corless, Gonnet, Hare, Jeffrey & Knuth (1996), "On the Lambert W function", Adv. Comput.
   Math. 5, 329-359. Dekker (1971), "A floating-point technique for extending the available
   precision", Numer. Math. 18, 224-242. Fritsch, Shafer & Crowley (1973), "Solution of the
-  transcendental equation w e^w = x", Commun. ACM 16, 123-124. Veberic (2012), "Lambert W
+  transcendental equation w e^w = x", Commun. ACM 16, 123-124. Sun Microsystems (1993), fdlibm
+  5.3, e_log.c (the logarithm's reduction, arrangement and coefficients). Veberic (2012), "Lambert W
   function for applications in physics", Comput. Phys. Commun. 183, 2622-2628. Winitzki (2003),
   "Uniform approximations for transcendental functions", LNCS 2667, 780-789.
 """
@@ -101,8 +103,10 @@ def _inv_e_split(dtype) -> tuple[jax.Array, jax.Array]:
 def _distance_to_branch_point(z: jax.Array) -> jax.Array:
     """``e z + 1``, exact to rounding for z near -1/e (z + hi is exact there, by Sterbenz)."""
     hi, lo = _inv_e_split(z.dtype)
-    # The barrier stops XLA from folding hi + lo into one constant, which would undo the split.
-    return jnp.maximum(math.e * (jax.lax.optimization_barrier(z + hi) + lo), 0.0)
+    # e (z + hi) + e lo, not e ((z + hi) + lo): XLA would fold hi + lo into one constant, undoing
+    # the split; it does not distribute the product. (An optimisation barrier would also stop
+    # that, but it stops XLA fusing the whole function into one loop as well.)
+    return jnp.maximum(math.e * (z + hi) + math.e * lo, 0.0)
 
 
 def _branch_point_series(p: jax.Array) -> jax.Array:
@@ -123,11 +127,20 @@ def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
     return _fritsch_update(w, log_z_over_w - w)
 
 
+def _over(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a / b`` as ``a (1 / b)``. XLA's CPU fusion keeps a quotient whose value has several users
+    in a loop of its own, and every extra loop over a large array is a pass through memory (most of
+    W's time at 1e6 points, with the quotients written this way); a reciprocal does not stop the
+    fusion. One more rounding, in terms the steps correct (a guess, a step's correction) or recover
+    (the last step's quotient, whose remainder is computed exactly whatever its rounding)."""
+    return a * (1.0 / b)
+
+
 def _fritsch_update(w: jax.Array, zn: jax.Array) -> jax.Array:
     """One Fritsch step from ``w`` given its residual ``zn = log(z / w) - w``."""
     wp1 = 1.0 + w
     q = 2.0 * wp1 * (wp1 + (2.0 / 3.0) * zn)
-    return w + w * zn * (q - zn) / (wp1 * (q - 2.0 * zn))  # one division, not two
+    return w + _over(w * zn * (q - zn), wp1 * (q - 2.0 * zn))  # one division, not two
 
 
 def _high_bits(x: jax.Array) -> jax.Array:
@@ -157,49 +170,90 @@ def _compensated_fritsch_step(w: jax.Array, z: jax.Array) -> jax.Array:
     # kept whole and the step is the plain one.
     compensate = jnp.abs(z) > 1e-290
     w_h = jnp.where(compensate, _high_bits(w), w)
-    q = z / w_h
+    q = _over(z, w_h)
     q_h = _high_bits(q)
     r = jnp.where(compensate, (z - q_h * w_h) - (q - q_h) * w_h, 0.0)
-    return _fritsch_update(w_h, (jnp.log(q) - w_h) + r / z)
+    return _fritsch_update(w_h, (_log(q) - w_h) + _over(r, z))
+
+
+def _split_exponent(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(k, f)`` with ``x = 2^k (1 + f)`` and ``1 + f`` in [sqrt(1/2), sqrt 2), for positive normal
+    float64 ``x``, by integer operations on its bits (fdlibm's reduction [Sun 1993, e_log.c]:
+    adding ``0x3ff00000 - 0x3fe6a09e`` to the high word carries into the exponent exactly when the
+    significand is at least sqrt 2). ``f`` is exact."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint64) + np.uint64((0x3FF00000 - 0x3FE6A09E) << 32)
+    k = (bits >> np.uint64(52)).astype(jnp.int64) - 1023
+    m = (bits & np.uint64(0x000FFFFFFFFFFFFF)) + np.uint64(0x3FE6A09E << 32)
+    return k.astype(x.dtype), jax.lax.bitcast_convert_type(m, jnp.float64) - 1.0
+
+
+def _log1p_over_x_fit(degree: int) -> tuple[float, ...]:
+    """Coefficients (ascending) of a polynomial P with ``log(1 + f) ~ f P(f)`` on the reduced range
+    [sqrt(1/2) - 1, sqrt 2 - 1]: the least-squares Chebyshev fit of ``log(1 + f) / f``, made once at
+    import. Degree 7 (eight terms) leaves 1.5e-7 absolute."""
+    f = np.linspace(math.sqrt(0.5) - 1.0, math.sqrt(2.0) - 1.0, 4001)
+    f = f[f != 0]
+    fit = np.polynomial.chebyshev.chebfit(f, np.log1p(f) / f, degree)
+    return tuple(float(c) for c in np.polynomial.chebyshev.cheb2poly(fit))
+
+
+_ROUGH_LOG_COEFFICIENTS = _log1p_over_x_fit(7)
 
 
 def _rough_log(x: jax.Array) -> jax.Array:
-    """log(x) for finite x > 0 to about 1e-9 absolute, without the library logarithm.
+    """log(x) for positive normal float64 x to about 1.5e-7 absolute: the exponent from the bits
+    (:func:`_split_exponent`) and ``f P(f)`` with eight multiply-adds, no division. Enough for a
+    first guess and for a Fritsch step that another step follows (module docstring)."""
+    k, f = _split_exponent(x)
+    poly = jnp.full_like(f, _ROUGH_LOG_COEFFICIENTS[-1])
+    for c in reversed(_ROUGH_LOG_COEFFICIENTS[:-1]):
+        poly = poly * f + c
+    return k * math.log(2.0) + f * poly
 
-    ``x = m 2^e`` with ``m`` in [1/sqrt 2, sqrt 2) and ``log m = 2 atanh(s)``, ``s = (m-1)/(m+1)``
-    (``|s| <= 0.172``), summed to ``s^9``: the first term left out is below 2 s^11 / 11 = 7e-10.
-    Five multiply-adds and a division cost less than float64's ``log`` on CPUs.
+
+# fdlibm's log [Sun 1993, e_log.c]: ln 2 split so that k ln2_hi is exact, and the minimax
+# coefficients of R(z) ~ log((1 + s) / (1 - s)) / s - 2 in z = s^2, |error| < 2^-58.45.
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+_LG = (6.666666666666735130e-01, 3.999999999940941908e-01, 2.857142874366239149e-01, 2.222219843214978396e-01,
+       1.818357216161805012e-01, 1.531383769920937332e-01, 1.479819860511658591e-01)
+
+
+def _log(x: jax.Array) -> jax.Array:
+    """log(x) for positive normal float64 x, within one ulp: fdlibm's algorithm [Sun 1993, e_log.c].
+
+    ``x = 2^k (1 + f)`` (:func:`_split_exponent`), ``s = f / (2 + f)``, ``log(1 + f) = f - s (f - R)``
+    arranged as ``f - (f^2/2 - s (f^2/2 + R))`` so that the leading terms cancel exactly. XLA's CPU
+    logarithm does not vectorise in float64; this one does, at about a third of its time on 1e6
+    points. No special values: callers pass positive normal numbers (or patch the others after).
     """
-    m, e = jnp.frexp(x)
-    low = m < 0.7071067811865476
-    m, e = jnp.where(low, 2.0 * m, m), jnp.where(low, e - 1, e)
-    s = (m - 1.0) / (m + 1.0)
-    s2 = s * s
-    poly = jnp.full_like(s, 1.0 / 9.0)
-    for c in (1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0):
-        poly = poly * s2 + c
-    return e.astype(x.dtype) * math.log(2.0) + 2.0 * s * poly
+    k, f = _split_exponent(x)
+    half_f2 = 0.5 * f * f
+    s = _over(f, 2.0 + f)
+    z = s * s
+    w = z * z
+    r = z * (_LG[0] + w * (_LG[2] + w * (_LG[4] + w * _LG[6]))) + w * (_LG[1] + w * (_LG[3] + w * _LG[5]))
+    return k * _LN2_HI - ((half_f2 - (s * (half_f2 + r) + k * _LN2_LO)) - f)
 
 
 def _winitzki_or_series(z: jax.Array, series: jax.Array, log1p) -> jax.Array:
     """The first guess on ``W_0``: the branch-point series below z = -0.25, Winitzki's approximation
     ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above, with ``log1p`` the logarithm to use."""
     log1pz = log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - log1p(log1pz) / (2.0 + log1pz)))
+    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(log1p(log1pz), 2.0 + log1pz)))
 
 
 def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
-    """W_0 to about 1e-8 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
+    """W_0 to about 1e-7 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
 
     One float64 Fritsch step from a relative error e leaves about 0.015 e^4, far below float64's
-    rounding for e ~ 1e-8, so the first step needs no more than :func:`_rough_log` gives, and the
-    library logarithm (``log1p`` costs two) is paid once, in the last step. The step takes the rough
+    rounding for e ~ 1e-7, so the first step needs no more than :func:`_rough_log` gives, and the
+    accurate logarithm is paid once, in the last step. The step takes the rough
     logarithm of ``z / w`` (positive: z and w share their sign), one where ``log|z| - log|w|`` costs two. Below |z| = 1e-4 the start is
     ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
     w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x))
     w_nz = jnp.where(w == 0, 1.0, w)
-    w = _fritsch_step(w, _rough_log(z / w_nz))
+    w = _fritsch_step(w, _rough_log(_over(z, w_nz)))
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
@@ -215,7 +269,7 @@ def _branch0(z: jax.Array) -> jax.Array:
     else:
         w = jnp.where(z == 0, 1.0, _winitzki_or_series(z, series, jnp.log1p))
         for _ in range(_NUM_FRITSCH_STEPS):
-            w = _fritsch_step(w, jnp.log(z_nz / w))
+            w = _fritsch_step(w, jnp.log(_over(z_nz, w)))
     w = jnp.where(p < _SERIES_ONLY_BELOW, series, w)
     w = jnp.where(z == 0, 0.0, w)
     w = jnp.where(z == jnp.inf, jnp.inf, w)
@@ -229,12 +283,15 @@ def _branch_m1(s: jax.Array, delta: jax.Array) -> jax.Array:
     """
     p = -jnp.sqrt(2.0 * jnp.maximum(delta, 0.0))
     series = _branch_point_series(p)
+    # float64: the guess and the first step take the rough logarithm, the last fdlibm's (module
+    # docstring); -l1 and -w are at least 1, so both see positive normal numbers only.
+    rough_log, last_log = (_rough_log, _log) if s.dtype == jnp.float64 else (jnp.log, jnp.log)
     l1 = jnp.minimum(s, -1.0)
-    l2 = jnp.log(-l1)
-    asymptotic = l1 - l2 + l2 / l1
+    l2 = rough_log(-l1)
+    asymptotic = l1 - l2 + _over(l2, l1)
     w = jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, asymptotic)
-    for _ in range(_NUM_FRITSCH_STEPS):
-        w = _fritsch_step(w, s - jnp.log(-w))
+    for step in range(_NUM_FRITSCH_STEPS):
+        w = _fritsch_step(w, s - (last_log if step == _NUM_FRITSCH_STEPS - 1 else rough_log)(-w))
     return jnp.where(-p < _SERIES_ONLY_BELOW, series, w)
 
 
