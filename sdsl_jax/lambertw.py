@@ -129,9 +129,8 @@ def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
 
 def _over(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a / b`` as ``a (1 / b)``. XLA's CPU fusion keeps a quotient whose value has several users
-    in a loop of its own, and every extra loop over a large array is a pass through memory (most of
-    W's time at 1e6 points, with the quotients written this way); a reciprocal does not stop the
-    fusion. One more rounding, in terms the steps correct (a guess, a step's correction) or recover
+    in a loop of its own, and every extra loop over a large array is a pass through memory, which
+    on large arrays costs more than W's arithmetic; a reciprocal does not stop the fusion. One more rounding, in terms the steps correct (a guess, a step's correction) or recover
     (the last step's quotient, whose remainder is computed exactly whatever its rounding)."""
     return a * (1.0 / b)
 
@@ -223,8 +222,7 @@ def _log(x: jax.Array) -> jax.Array:
 
     ``x = 2^k (1 + f)`` (:func:`_split_exponent`), ``s = f / (2 + f)``, ``log(1 + f) = f - s (f - R)``
     arranged as ``f - (f^2/2 - s (f^2/2 + R))`` so that the leading terms cancel exactly. XLA's CPU
-    logarithm does not vectorise in float64; this one does, at about a third of its time on 1e6
-    points. No special values: callers pass positive normal numbers (or patch the others after).
+    logarithm does not vectorise in float64; this one does (docs/benchmarks.md). No special values: callers pass positive normal numbers (or patch the others after).
     """
     k, f = _split_exponent(x)
     half_f2 = 0.5 * f * f
