@@ -335,7 +335,8 @@ def _misspecified(args, command: str) -> dict | None:
     # each form's target acceptance), the exponents' prior and where the forecast comes from (the
     # stacked mixture) belong to the study too: a closure fitted under other choices is another
     # study's, never resumed into this one.
-    study = dict(forecast="stacked mixture", seed=args.seed, datasets=args.datasets, processes=args.processes, stack=names, chains=args.chains,
+    study = dict(forecast="stacked mixture", seed=args.seed, datasets=args.datasets, processes=args.processes,
+                 stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
                  model_effects=list(pairs.model_effects_identified()[0]),

@@ -130,7 +130,8 @@ def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
 def _over(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a / b`` as ``a (1 / b)``. XLA's CPU fusion keeps a quotient whose value has several users
     in a loop of its own, and every extra loop over a large array is a pass through memory, which
-    on large arrays costs more than W's arithmetic; a reciprocal does not stop the fusion. One more rounding, in terms the steps correct (a guess, a step's correction) or recover
+    on large arrays costs more than W's arithmetic; a reciprocal does not stop the fusion. One more
+    rounding, in terms the steps correct (a guess, a step's correction) or recover
     (the last step's quotient, whose remainder is computed exactly whatever its rounding)."""
     return a * (1.0 / b)
 
@@ -222,7 +223,8 @@ def _log(x: jax.Array) -> jax.Array:
 
     ``x = 2^k (1 + f)`` (:func:`_split_exponent`), ``s = f / (2 + f)``, ``log(1 + f) = f - s (f - R)``
     arranged as ``f - (f^2/2 - s (f^2/2 + R))`` so that the leading terms cancel exactly. XLA's CPU
-    logarithm does not vectorise in float64; this one does (docs/benchmarks.md). No special values: callers pass positive normal numbers (or patch the others after).
+    logarithm does not vectorise in float64; this one does (docs/benchmarks.md). No special values:
+    callers pass positive normal numbers (or patch the others after).
     """
     k, f = _split_exponent(x)
     half_f2 = 0.5 * f * f
@@ -246,7 +248,8 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     One float64 Fritsch step from a relative error e leaves about 0.015 e^4, far below float64's
     rounding for e ~ 1e-7, so the first step needs no more than :func:`_rough_log` gives, and the
     accurate logarithm is paid once, in the last step. The step takes the rough
-    logarithm of ``z / w`` (positive: z and w share their sign), one where ``log|z| - log|w|`` costs two. Below |z| = 1e-4 the start is
+    logarithm of ``z / w`` (positive: z and w share their sign), one where ``log|z| - log|w|`` costs
+    two. Below |z| = 1e-4 the start is
     ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
     w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x))
