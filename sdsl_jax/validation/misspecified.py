@@ -234,9 +234,9 @@ def synthetic_closure(process: TrueProcess, runs, pairs, speculative, settings, 
     replaced by ``seed``); ``stack`` the names of the (loss-law families, acceptance models) fitted
     and stacked, as ``--stack`` names them; P(best), the Bayes decision and the N* band are the stacked
     mixture's, as in the shipped closure (:func:`sdsl_jax.validation.forms.stack_records`). Returns a
-    JSON-ready record: per target the forecast P(best), the
-    true best, the 90% N* band with both truths, the Bayes decision and its true regret; and
-    the posteriors' failed checks, each with what failed.
+    JSON-ready record: per target the forecast P(best), the true best, the 90% N* band with both
+    truths, the Bayes decision and its true regret; and the posteriors' failed checks, each with
+    what failed.
     """
     from sdsl_jax.validation.closure import close_loop
     from sdsl_jax.validation.closure_fits import fit_in_sample
