@@ -340,6 +340,25 @@ def test_compiled_programs_are_released_before_the_kernel_runs_out_of_memory_map
     assert not sampler.release_compiled_programs_when_crowded()
 
 
+def test_compiled_programs_are_released_when_the_machine_runs_low_on_memory(monkeypatch):
+    """Shards of a study share one machine and each keeps its compiled programs: under a fifth of
+    the machine's memory left, a process drops its caches at the next NUTS run, whatever its
+    mappings; with more left, or where the share cannot be read, it keeps them."""
+    from sdsl_jax.infer import sampler
+
+    share = sampler._available_memory_share()
+    assert share is None or 0 < share <= 1
+    cleared = []
+    monkeypatch.setattr(sampler, "clear_sampler_caches", lambda: cleared.append(1))
+    monkeypatch.setattr(sampler, "_memory_map_use", lambda: (1_000, 65_530))
+    monkeypatch.setattr(sampler, "_available_memory_share", lambda: 0.1)
+    assert sampler.release_compiled_programs_when_crowded() and cleared == [1]
+    monkeypatch.setattr(sampler, "_available_memory_share", lambda: 0.5)
+    assert not sampler.release_compiled_programs_when_crowded() and cleared == [1]
+    monkeypatch.setattr(sampler, "_available_memory_share", lambda: None)
+    assert not sampler.release_compiled_programs_when_crowded() and cleared == [1]
+
+
 
 def _capture_target_accept(monkeypatch, posterior) -> list:
     """The target acceptance each sampling call would use, in order (the call raises instead of sampling)."""

@@ -229,9 +229,10 @@ def _memory_map_use() -> tuple[int, int] | None:
         return None
 
 
-def release_compiled_programs_when_crowded(share: float = 0.75) -> bool:
+def release_compiled_programs_when_crowded(share: float = 0.75, *, min_available: float = 0.2) -> bool:
     """Forget every compiled program (:func:`clear_sampler_caches`) when this process holds more
-    than ``share`` of the memory mappings the kernel allows; returns whether it did.
+    than ``share`` of the memory mappings the kernel allows, or when the machine has less than
+    ``min_available`` of its memory left; returns whether it did.
 
     XLA's CPU backend maps memory for each compiled program and keeps it while the program is
     cached. A long job that compiles for many data shapes (a stacked closure refits every form
@@ -246,12 +247,30 @@ def release_compiled_programs_when_crowded(share: float = 0.75) -> bool:
     would go in every closure and each would compile everything again; at three quarters they are
     kept, and the quarter left (16,000 mappings) is three times what the work between two NUTS runs
     maps at most (a closure's scoring of its targets, about 4,700).
+
+    Why memory too: the cached programs and what they hold also take resident memory, which a
+    study's process keeps adding to (a stacked misspecified study's shard grew to 10 GB over 27
+    closures), and several shards share one machine: when its available memory falls under
+    ``min_available`` of the total, each process that reaches this point drops its caches rather
+    than let the kernel kill one of them.
     """
     use = _memory_map_use()
-    if use is None or use[0] <= share * use[1]:
+    crowded = use is not None and use[0] > share * use[1]
+    available = _available_memory_share()
+    if not crowded and (available is None or available >= min_available):
         return False
     clear_sampler_caches()
     return True
+
+
+def _available_memory_share() -> float | None:
+    """The machine's available memory over its total (``MemAvailable / MemTotal``); None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _draw_chunk(num_samples: int, pieces: int = 5) -> int:
