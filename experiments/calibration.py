@@ -128,6 +128,19 @@ def _sampler_settings(args) -> None:
         raise UsageError(f"--reruns must be >= 0, got {args.reruns}")
 
 
+def _resident_memory_gb() -> float:
+    """This process's resident memory in GB (Linux's /proc; the peak from getrusage elsewhere): a
+    study of hours shows whether its memory stays bounded."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (2**30 if sys.platform == "darwin" else 2**20)
+
+
 def _shard(args) -> tuple[int, int]:
     """``--shard I/K`` as ``(I, K)``; ``(0, 1)`` without it."""
     from experiments.runlog import UsageError
@@ -368,7 +381,8 @@ def _misspecified(args, command: str) -> dict | None:
                   f"command:\n{traceback.format_exc()}", flush=True)
             continue
         append_stage_line(stage_path, dict(study=study, index=i, closure=done[i]))
-        print(f"  closure {i + 1}/{args.datasets} ({process.name}) [{time.perf_counter() - start:.0f} s]", flush=True)
+        print(f"  closure {i + 1}/{args.datasets} ({process.name}) [{time.perf_counter() - start:.0f} s, "
+              f"{_resident_memory_gb():.1f} GB resident]", flush=True)
     done = finished()
     missing = [i for i in range(args.datasets) if i not in done]
     if failed:

@@ -62,10 +62,13 @@ def test_acceptance_folds_report_their_failed_checks(tmp_path):
             alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.01)
             rows.append(f"d{small:g}-{k},t{large:g},{small},{large},1e9,1e10,{x},{y},{alpha}")
     (tmp_path / "acceptance.csv").write_text("\n".join(rows) + "\n")
+    lines = []
     record = holdout.run_holdout(synthetic_runs(), load_acceptance(tmp_path / "acceptance.csv"), laws=[],
                                  acceptance_models=["plane"], chains=1, warmup=30, draws=30, seed=0,
-                                 log=lambda *_: None)
+                                 log=lines.append)
     r = record["acceptance_models"]["plane"]
+    # Each fold reports when it ends (a study of the real ladder's pairs runs for most of an hour).
+    assert len([line for line in lines if "acceptance plane: size" in line and "held out (10 pairs)" in line]) == 3
     # 30 draws of one chain cannot reach a bulk ESS of 100: every fold fails its checks, and says so.
     assert r["failed_checks"] == list(r["fold_problems"]) and len(r["failed_checks"]) == 3
     md = holdout.holdout_markdown(record)

@@ -1,6 +1,7 @@
 """Calibration under misspecification: the synthetic ladders' truth, the reliability score, the study's command."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -151,7 +152,11 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     tmp_path = tmp_path / "out"
     # Two shards share the study: the first leaves the summary to the second, which finds both closures.
     assert calibration.main(args + ["--shard", "0/2"]) == 0
-    assert "1 of 2 closures are still with the other shards" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 of 2 closures are still with the other shards" in out
+    # Each finished closure's line says how long it took and how much memory the process holds.
+    memory = re.search(r"closure 1/2 \(kaplan \+ plane\) \[\d+ s, (\d+\.\d) GB resident\]", out)
+    assert memory and 0 < float(memory.group(1)) < 64
     assert not (tmp_path / "misspecified.json").exists()
     assert calibration.main(args + ["--shard", "1/2"]) == 0
     assert "closure 1/2" not in capsys.readouterr().out

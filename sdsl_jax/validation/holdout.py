@@ -209,6 +209,8 @@ def run_holdout(runs, pairs, *, laws, acceptance_models, chains=4, warmup=500, d
                     continue
                 folds[s] = acceptance_fold(pairs, keep, model, chains=chains, warmup=warmup, draws=draws, seed=seed,
                                            model_effects=model_effects)
+                log(f"  acceptance {name}: size {s:.6g} held out ({int((~keep).sum())} pairs), log density "
+                    f"{folds[s]['log_density'].sum():.2f}, covered {folds[s]['covered'].mean():.2f}")
             log(f"  acceptance {name}: {len(folds)} sizes held out")
             record["acceptance_models"][name] = _summary(folds, sorted(folds))
     return record
