@@ -332,6 +332,7 @@ def test_compiled_programs_are_released_before_the_kernel_runs_out_of_memory_map
     assert use is None or 0 < use[0] < use[1]  # Linux: (this process's mappings, the limit)
     cleared = []
     monkeypatch.setattr(sampler, "clear_sampler_caches", lambda: cleared.append(1))
+    monkeypatch.setattr(sampler, "_available_memory_share", lambda: 0.5)  # the machine's memory is not short
     monkeypatch.setattr(sampler, "_memory_map_use", lambda: (50_000, 65_530))
     assert sampler.release_compiled_programs_when_crowded() and cleared == [1]
     monkeypatch.setattr(sampler, "_memory_map_use", lambda: (30_000, 65_530))

@@ -249,8 +249,8 @@ def release_compiled_programs_when_crowded(share: float = 0.75, *, min_available
     maps at most (a closure's scoring of its targets, about 4,700).
 
     Why memory too: the cached programs and what they hold also take resident memory, which a
-    study's process keeps adding to (a stacked misspecified study's shard grew to 10 GB over 27
-    closures), and several shards share one machine: when its available memory falls under
+    long study's process keeps adding to, closure after closure, below the mappings' threshold;
+    and several shards share one machine. When its available memory falls under
     ``min_available`` of the total, each process that reaches this point drops its caches rather
     than let the kernel kill one of them.
     """
