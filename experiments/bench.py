@@ -61,7 +61,7 @@ from experiments.benchmarks.inference import (bench_break_acceptance, bench_brea
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
                                              machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
-from experiments.runlog import run_command, write_json
+from experiments.runlog import command_line, run_command, write_json
 
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms": bench_draft_size_forms,
@@ -145,7 +145,7 @@ def run_benchmarks(args, argv) -> int:
             results += bench_calibration(args.calibration_datasets)
     if args.json:
         record = dict(date=str(datetime.date.today()), machine=machine_description(),
-                      command="python -m experiments.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      command=command_line("experiments.bench", argv),
                       results=results)
         write_json(args.json, record)
     return 0

@@ -157,7 +157,7 @@ def _shard(args) -> tuple[int, int]:
 
 
 def calibrate(args, argv) -> int:
-    from experiments.runlog import UsageError, make_output_folder, versions, write_json
+    from experiments.runlog import UsageError, command_line, make_output_folder, versions, write_json
     from sdsl_jax.loss_laws import FAMILIES
     from sdsl_jax.validation import calibration
 
@@ -180,7 +180,7 @@ def calibrate(args, argv) -> int:
                          "resume)")
     if args.out:
         make_output_folder(args.out)
-    command = "python -m experiments.calibration " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("experiments.calibration", argv)
     record = dict(command=command, seed=args.seed, datasets=args.datasets, studies={})
     for name in [n for n in STUDIES if args.only == n or (args.only is None and n not in ("sbc", "misspecified"))]:
         start = time.perf_counter()

@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 
 from experiments.fit_inputs import Inputs
+from experiments.runlog import command_line
 from sdsl_jax.assumptions import format_assumptions
 from sdsl_jax.loss_laws import EXPONENT_PRIOR
 
@@ -80,7 +81,7 @@ def write_figures_and_clean(args, inputs: Inputs, result, assumptions: dict, log
             made = figures.fit_figures(args.out, result, runs=inputs.runs, acceptance=inputs.acceptance, d_target=args.d_target,
                                        recipe=inputs.recipe, cost=inputs.cost, compare_to_paper=inputs.dataset.compare_to_paper,
                                        predictive=not args.mean_only,
-                                       caption="\n".join(["python -m experiments.fit " + " ".join(args.argv)]
+                                       caption="\n".join([command_line("experiments.fit", args.argv)]
                                                          + format_assumptions(assumptions)[2:]))
         log("figures: " + ", ".join(made))
     else:

@@ -35,7 +35,7 @@ import sys
 
 import jax
 
-from experiments.runlog import Log, UsageError, run_command, versions, write_json
+from experiments.runlog import Log, UsageError, command_line, run_command, versions, write_json
 from sdsl_jax.lm.corpus import BLOCK, HOLDOUT_EVERY, load_corpus
 from sdsl_jax.lm.ladder import PRESETS, EvalText, plan_rung, rung_config, rung_n_params, train_rung
 
@@ -96,8 +96,7 @@ def _train_ladder(args, argv, preset, out) -> int:
                                    params_path=os.path.join(rung.name, f"budget_{budget}", "params"),
                                    peak_lr=rung.peak_lr, batch_size=rung.batch_size, note=rung.note))
     registry = dict(
-        preset=dataclasses.asdict(preset), models=models, command="python -m " + " ".join(["experiments.ladder"] + (
-            sys.argv[1:] if argv is None else list(argv))),
+        preset=dataclasses.asdict(preset), models=models, command=command_line("experiments.ladder", argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions(),
         devices=[str(d) for d in jax.devices()],
         corpus=dict(sources=corpus.sources, train_bytes=len(corpus.train), test_bytes=len(corpus.test),

@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from sdsl_jax.lm.ladder import PRESETS, rung_config, rung_seed
-from experiments.runlog import (Log, append_stage_line, configure_jax, run_command, read_stage_lines, versions,
+from experiments.runlog import (Log, append_stage_line, command_line, configure_jax, run_command, read_stage_lines, versions,
                                write_json)
 from sdsl_jax.data import LATENCY_SCHEMA, LatencyMeasurements, load_latency, save_latency
 from sdsl_jax.lm.model import Transformer
@@ -127,7 +127,7 @@ def _measure(args, argv, preset) -> int:
     save_latency(table, path)
     load_latency(path)  # what we wrote follows sdsl-latency v1
     write_json(os.path.join(args.out, "latency.json"), dict(
-        command="python -m experiments.latency " + " ".join(argv),
+        command=command_line("experiments.latency", argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), settings=settings,
         preset=preset.name, versions=versions(), devices=[str(d) for d in jax.devices()],
         note="models initialised with their rung's seed: timing depends on shapes, not on weight values"))

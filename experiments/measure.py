@@ -43,7 +43,7 @@ import numpy as np
 from sdsl_jax.lm.corpus import load_corpus, prompts_for
 from sdsl_jax.lm.ladder import PRESETS, EvalText, load_ladder
 from sdsl_jax.lm.measure import exact_pairs, ladder_datasets, longest_budgets
-from experiments.runlog import (Log, append_stage_line, run_command, read_stage_lines, sha256, versions,
+from experiments.runlog import (Log, append_stage_line, command_line, run_command, read_stage_lines, sha256, versions,
                                write_json)
 from sdsl_jax import SDSL_FLOPS, throughput
 from sdsl_jax.data import load_speculative, save_acceptance, save_pretraining
@@ -230,7 +230,7 @@ def _measure(args, argv, preset, ladder_dir, out) -> int:
     _write_csv(os.path.join(out, "speculative.csv"), spec)
     load_speculative(os.path.join(out, "speculative.csv"))  # what we wrote follows sdsl-speculative v1
     write_json(os.path.join(out, "measure.json"), dict(
-        command="python -m experiments.measure " + " ".join(argv),
+        command=command_line("experiments.measure", argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         settings={k: v for k, v in vars(args).items()}, ladder=dict(
             folder=ladder_dir, registry_sha256=sha256(os.path.join(ladder_dir, "ladder.json")),

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import shlex
 import signal
 import socket
 import sys
@@ -34,6 +35,7 @@ __all__ = [
     "UsageError",
     "Log",
     "sha256",
+    "command_line",
     "run_header",
     "versions",
     "check_arguments",
@@ -121,12 +123,18 @@ def sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def command_line(prog: str, argv: list[str] | None = None) -> str:
+    """``python -m <prog> <argv>`` as a shell reruns it: an argument a shell would split or drop (an
+    empty ``--families ""``, a path with a space) is quoted (``argv`` None: the process's own)."""
+    return shlex.join(["python", "-m", prog, *(sys.argv[1:] if argv is None else argv)])
+
+
 def run_header(prog: str, argv: list[str] | None) -> dict:
-    """What every result file records of the run that made it: the command line, the UTC date and
-    the package versions (``argv`` None: the process's own arguments)."""
+    """What every result file records of the run that made it: the command line (:func:`command_line`),
+    the UTC date and the package versions (``argv`` None: the process's own arguments)."""
     import datetime
 
-    return dict(command=f"python -m {prog} " + " ".join(argv if argv is not None else sys.argv[1:]),
+    return dict(command=command_line(prog, argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions())
 
 

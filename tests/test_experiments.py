@@ -416,3 +416,16 @@ def test_failed_posteriors_are_listed_with_the_weight_of_their_form():
     assert closing.failed_diagnostics({"chinchilla": capped}, None, {"forms": {"kaplan + plane": 1.0}}) == \
         ["all data: chinchilla (R-hat 1.001, ESS 900, 0 divergent, 45% at the tree-depth cap, median 511 steps, "
          "weight 0.00)"]
+
+
+def test_a_recorded_command_reruns_as_it_ran():
+    """A result file's command is what a shell reruns: an empty argument or a path with a space
+    survives the round trip through the shell's splitting."""
+    import shlex
+
+    from experiments.runlog import command_line, run_header
+
+    argv = ["--families", "", "--acceptance-models", "plane", "--out", "my results/sbc"]
+    line = command_line("experiments.calibration", argv)
+    assert shlex.split(line) == ["python", "-m", "experiments.calibration", *argv]
+    assert run_header("experiments.fit", ["--data", "fits/ladder"])["command"] == "python -m experiments.fit --data fits/ladder"
