@@ -6,7 +6,8 @@
 #               forms on the ladder (fits/ladder-v1/holdout/ holds the committed run), and the simulation-based
 #               calibration of the loss-law families (fits/calibration/sbc.json; resumable) and the calibration
 #               under misspecification on the shipped ladder's design (200 synthetic closures into
-#               fits/calibration/misspecified_factorial/, whose finished closures are committed: resumable).
+#               fits/calibration/misspecified_factorial/, whose finished closures are committed: resumable) with
+#               its well-specified control (40 closures fitted by the true forms, fits/calibration/wellspecified_factorial/).
 # make notebooks: execute notebooks/*.ipynb on the committed data, in place (outputs and figures kept).
 # make ladder:  install if needed, then the shipped ladder (fits/ladder/): 9 sizes x 5 shared budgets, the two
 #               held-back models trained after their committed prediction, its exact acceptance pairs measured
@@ -58,6 +59,9 @@ bench: $(STAMP)
 	$(PY) -m experiments.calibration --only misspecified --datasets 200 --design fits/ladder/pretraining.csv \
 		--acceptance-design fits/ladder/acceptance.csv --measured acceptance \
 		--stack chinchilla,kaplan,plane,log-plane,logit-plane --reruns 1 --out fits/calibration/misspecified_factorial
+	$(PY) -m experiments.calibration --only misspecified --datasets 40 --design fits/ladder/pretraining.csv \
+		--acceptance-design fits/ladder/acceptance.csv --measured acceptance --processes chinchilla:logit-plane \
+		--stack chinchilla,logit-plane --reruns 1 --out fits/calibration/wellspecified_factorial
 
 notebooks: $(STAMP)
 	$(PY) -m pip install --quiet --no-compile -e ".[test,notebooks]"
