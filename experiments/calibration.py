@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
                         help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
                              "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
+    parser.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
+                        help="misspecified: the densities the forms are weighted by in each closure's fit: rows "
+                             "(PSIS-LOO over rows and pairs, the default) or sizes (each model size left out in "
+                             "turn, as `closure --stack-by sizes`; a posterior per size and form)")
     parser.add_argument("--reruns", type=int, default=None,
                         help="misspecified: times a failing posterior of a form that would carry weight is run again, "
                              "each time with twice the warm-up and draws (0; the shipped closure's --reruns is 2); "
@@ -343,11 +347,12 @@ def _misspecified(args, command: str) -> dict | None:
                                  log=lambda line: print(line, flush=True))
     settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
                                propagate=args.chains * args.draws, reruns=args.reruns,
-                               rerun_weight=args.rerun_weight if args.reruns else None)
+                               rerun_weight=args.rerun_weight if args.reruns else None, stack_by=args.stack_by)
     # The fitting choices the code makes from the design (which kinds of model get acceptance effects,
     # each form's target acceptance), the exponents' prior and where the forecast comes from (the
     # stacked mixture) belong to the study too: a closure fitted under other choices is another
-    # study's, never resumed into this one.
+    # study's, never resumed into this one. Weights by rows, the first studies' choice, are named
+    # by the key's lacking stack_by, so that their closures still resume.
     study = dict(forecast="stacked mixture", seed=args.seed, datasets=args.datasets, processes=args.processes,
                  stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
@@ -356,7 +361,8 @@ def _misspecified(args, command: str) -> dict | None:
                  target_accept={**{name: FAMILIES[name].target_accept for name in stack[0]},
                                 **{name: ACCEPTANCE_MODELS[name].effects_target_accept for name in stack[1]}},
                  **prior_key(FAMILIES[name] for name in stack[0]),
-                 **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}))
+                 **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}),
+                 **(dict(stack_by=args.stack_by) if args.stack_by != "rows" else {}))
     stages = os.path.join(args.out, "stages")
     os.makedirs(stages, exist_ok=True)
     study_path = os.path.join(stages, "misspecified.jsonl")

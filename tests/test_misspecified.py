@@ -241,3 +241,33 @@ def test_a_closure_that_fails_is_reported_and_the_study_goes_on(tmp_path, capsys
     assert "synthetic failure 0" in out and "synthetic failure 1" in out
     assert "2 closure(s) of this run failed (1, 2): rerun the same command" in out
     assert not (tmp_path / "stages" / "misspecified.jsonl").exists()
+
+
+def test_weights_by_size_folds_are_a_study_of_their_own(tmp_path, capsys, monkeypatch):
+    from experiments import calibration
+    from sdsl_jax.validation import misspecified
+
+    # A closure the study committed stands in for fitting one: what is checked is which settings reach
+    # the fit and which finished closures a study resumes.
+    stage = "fits/calibration/wellspecified_factorial/stages/misspecified-0of2.jsonl"
+    committed = json.loads(open(stage).readline())["closure"]
+    calls = []
+
+    def closure(process, runs, pairs, speculative, settings, *, stack, seed, log=None):
+        calls.append(settings.stack_by)
+        return dict(committed, seed=seed)
+
+    monkeypatch.setattr(misspecified, "synthetic_closure", closure)
+    args = ["--only", "misspecified", "--datasets", "1", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
+            "--out", str(tmp_path)]
+    assert calibration.main(args + ["--stack-by", "sizes"]) == 0
+    study = json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]
+    assert calls == ["sizes"] and study["stack_by"] == "sizes"
+    assert "--stack-by sizes" in json.loads((tmp_path / "misspecified.json").read_text())["command"]
+    # Weights by rows are the first studies' choice: their key has no stack_by, and a closure weighed
+    # by sizes is not resumed into them, nor one weighed by rows into a study by sizes.
+    assert calibration.main(args) == 0
+    study = json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]
+    assert calls == ["sizes", "rows"] and "stack_by" not in study
+    assert calibration.main(args + ["--stack-by", "sizes"]) == 0 and calls == ["sizes", "rows"]
+    capsys.readouterr()
