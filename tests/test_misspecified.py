@@ -249,8 +249,8 @@ def test_weights_by_size_folds_are_a_study_of_their_own(tmp_path, capsys, monkey
 
     # A closure the study committed stands in for fitting one: what is checked is which settings reach
     # the fit and which finished closures a study resumes.
-    stage = "fits/calibration/wellspecified_factorial/stages/misspecified-0of2.jsonl"
-    committed = json.loads(open(stage).readline())["closure"]
+    record = json.load(open("fits/calibration/wellspecified_factorial/misspecified.json"))
+    committed = record["studies"]["misspecified"]["closures"][0]
     calls = []
 
     def closure(process, runs, pairs, speculative, settings, *, stack, seed, log=None):
