@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
                         help="misspecified: the densities the forms are weighted by in each closure's fit: rows "
                              "(PSIS-LOO over rows and pairs, the default) or sizes (each model size left out in "
-                             "turn, as `closure --stack-by sizes`; a posterior per size and form)")
+                             "turn, as `closure --stack-by sizes`; a posterior per size and form where a kind has "
+                             "more than one form)")
     parser.add_argument("--reruns", type=int, default=None,
                         help="misspecified: times a failing posterior of a form that would carry weight is run again, "
                              "each time with twice the warm-up and draws (0; the shipped closure's --reruns is 2); "
