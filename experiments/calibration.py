@@ -37,6 +37,7 @@ import traceback
 
 import numpy as np
 
+from sdsl_jax.compare import STACKING_DENSITIES
 from sdsl_jax.runtime import configure_jax
 
 STUDIES = ("plane", "loss-law", "n-star", "sbc", "misspecified")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="chinchilla,kaplan,broken,plane,log-plane",
                         help="misspecified: the forms each synthetic closure fits and stacks (loss-law families and "
                              "acceptance models, comma-separated; default chinchilla,kaplan,broken,plane,log-plane)")
-    parser.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
+    parser.add_argument("--stack-by", choices=STACKING_DENSITIES, default="rows",
                         help="misspecified: the densities the forms are weighted by in each closure's fit: rows "
                              "(PSIS-LOO over rows and pairs, the default) or sizes (each model size left out in "
                              "turn, as `closure --stack-by sizes`; a posterior per size and form where a kind has "

@@ -54,6 +54,7 @@ import sys
 from experiments.runlog import (Log, UsageError, check_arguments, configure_jax, make_output_folder, run_command,
                                run_header, write_json, write_text)
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
+from sdsl_jax.compare import STACKING_DENSITIES
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, load_speculative
 from sdsl_jax.validation.closure import (close_loop, closure_scores, expected_speculative_runs, failed_diagnostics,
                                           measured_perplexities)
@@ -85,7 +86,7 @@ def parse_args(argv):
                         "names of either kind; a kind not named keeps --law / --acceptance-model), weight them by "
                         "Bayesian stacking (PSIS-LOO) and score the stacked mixture; with --prospective the forms "
                         "and weights are chosen again without each left-out size")
-    p.add_argument("--stack-by", choices=("rows", "sizes"), default="rows",
+    p.add_argument("--stack-by", choices=STACKING_DENSITIES, default="rows",
                    help="how --stack weighs the loss laws: rows (default), PSIS-LOO over the pre-training rows; "
                         "sizes, each model size of the fit's data left out in turn and every law refitted without "
                         "it, and each draft size of its pairs for the acceptance models, inside every prospective "

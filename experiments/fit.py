@@ -35,6 +35,7 @@ from experiments.fit_outputs import (data_record, latency_record, log_diagnostic
 from experiments.runlog import (COMPILE_CACHE_ENV, Log, configure_jax, default_compile_cache, make_output_folder,
                                run_command, run_header, write_json)
 from sdsl_jax import ACCEPTANCE_MODELS, COST_MODELS, FAMILIES, status_message
+from sdsl_jax.compare import STACKING_DENSITIES
 from sdsl_jax.loss_laws import prior_key
 from sdsl_jax.recipes import RECIPES
 from sdsl_jax.store import StageStore, content_digest
@@ -76,7 +77,7 @@ def parse_args(argv):
                    help="with --posterior: also fit the other loss-law forms (all that the data identify, or the "
                         "comma-separated FORMS), weight the forms by Bayesian stacking (compare.stack; --stack-by) and "
                         "report the bands of the stacked mixture (the point-fit columns stay those of --law)")
-    p.add_argument("--stack-by", choices=("sizes", "rows"), default="sizes",
+    p.add_argument("--stack-by", choices=STACKING_DENSITIES, default="sizes",
                    help="--stack's predictive densities: sizes (default), each model size left out in turn and each "
                         "form refitted without it (at most 10 folds of neighbouring sizes): how a form predicts a "
                         "size it has not seen, which N* asks of it; rows, PSIS-LOO over rows (az.loo), one "

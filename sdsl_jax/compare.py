@@ -26,6 +26,8 @@ from sdsl_jax.store import StageStore
 
 
 __all__ = [
+    "STACKING_DENSITIES",
+    "check_stacking_density",
     "FormWeights",
     "stacking_weights",
     "acceptance_stacking_weights",
@@ -40,6 +42,22 @@ __all__ = [
     "mixture_bands",
     "stack_forms",
 ]
+
+
+STACKING_DENSITIES = ("rows", "sizes")
+"""What the forms' stacking weights are computed from (``weights_by`` of :func:`stack_forms` and
+:func:`sdsl_jax.validation.forms.fit_forms`, ``--stack-by`` of the commands): ``"rows"``, row-wise
+PSIS-LOO predictive densities (one posterior per form; scores interpolation within the sizes
+fitted); ``"sizes"``, grouped leave-one-size-out densities (each form refitted once per size;
+scores what N* for a new target asks of a form)."""
+
+
+def check_stacking_density(weights_by: str) -> str:
+    """``weights_by`` if it is one of :data:`STACKING_DENSITIES`, else a ``ValueError`` naming it."""
+    if weights_by not in STACKING_DENSITIES:
+        raise ValueError(f"weights_by: {weights_by!r} is not a stacking density; choose one of "
+                         + ", ".join(repr(d) for d in STACKING_DENSITIES))
+    return weights_by
 
 
 class FormWeights(NamedTuple):
@@ -458,6 +476,7 @@ def stack_forms(result: PipelineResult, runs: PretrainingRuns, acceptance: Accep
     from sdsl_jax import pipeline
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data
 
+    check_stacking_density(weights_by)
     family = result.point.family
     results, skipped = {family.name: result}, {}
     for other in families:

@@ -273,3 +273,21 @@ def test_a_closure_fit_weighs_its_acceptance_models_by_draft_sizes_it_did_not_se
     assert models["logit-plane"]["held_out_log_density"] > models["plane"]["held_out_log_density"]
     assert models["logit-plane"]["weight"] > 0.9 and forms[0].name == "chinchilla + logit-plane"
     assert all(np.isfinite(models[n]["elpd_loo"]) for n in models)  # PSIS-LOO over pairs, for comparison
+
+
+def test_an_unknown_stacking_density_is_refused_by_name(capsys):
+    from experiments import closure, fit
+    from sdsl_jax.compare import stack_forms
+    from sdsl_jax.validation.forms import fit_forms
+
+    # Any other string used to mean rows, silently: a misspelt "size" would have fitted another study.
+    with pytest.raises(ValueError, match=r"weights_by: 'size' is not a stacking density; choose one of 'rows', 'sizes'"):
+        fit_forms(None, None, families=(), models=(), starts_every=1, chains=1, warmup=1, draws=1, propagate=1,
+                  seed=0, weights_by="size")
+    with pytest.raises(ValueError, match="weights_by: 'folds'"):
+        stack_forms(None, None, None, families=(), m_grid=np.ones(1), targets=np.ones(1), d_target=1.0,
+                    recipe=None, weights_by="folds")
+    for parse in (closure.parse_args, fit.parse_args):
+        with pytest.raises(SystemExit):
+            parse(["--stack-by", "size"])
+        assert "invalid choice: 'size' (choose from 'rows', 'sizes')" in capsys.readouterr().err

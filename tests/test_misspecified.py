@@ -261,9 +261,9 @@ def test_weights_by_size_folds_are_a_study_of_their_own(tmp_path, capsys, monkey
     args = ["--only", "misspecified", "--datasets", "1", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",
             "--out", str(tmp_path)]
     assert calibration.main(args + ["--stack-by", "sizes"]) == 0
-    study = json.loads((tmp_path / "misspecified.json").read_text())["studies"]["misspecified"]
-    assert calls == ["sizes"] and study["stack_by"] == "sizes"
-    assert "--stack-by sizes" in json.loads((tmp_path / "misspecified.json").read_text())["command"]
+    written = json.loads((tmp_path / "misspecified.json").read_text())
+    assert calls == ["sizes"] and written["studies"]["misspecified"]["stack_by"] == "sizes"
+    assert "--stack-by sizes" in written["command"]
     # Weights by rows are the first studies' choice: their key has no stack_by, and a closure weighed
     # by sizes is not resumed into them, nor one weighed by rows into a study by sizes.
     assert calibration.main(args) == 0

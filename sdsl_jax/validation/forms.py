@@ -111,6 +111,7 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
     from sdsl_jax.infer.point import IdentifiabilityError, check_loss_law_data, fit_acceptance_plane
     from sdsl_jax.infer.posterior import rerun_settings
 
+    compare.check_stacking_density(weights_by)
     skipped, points, law_runs, plane_runs, posts = {}, {}, {}, {}, {}
     for family in families:
         try:
