@@ -79,11 +79,13 @@ def test_chains_start_from_dispersed_prior_draws_not_at_one_point():
     log_loss = jnp.log(jnp.asarray(HOFFMANN2022.loss(n, d)))
     args = (jnp.log(jnp.asarray(n)), jnp.log(jnp.asarray(d)), log_loss)
     starts = prior_starts(loss_law_model, args, 8, seed=0)
-    # Spread like the prior, in unconstrained coordinates: log alpha ~ Normal(log 0.35, EXPONENT_PRIOR's
-    # sd), and, mapped back from the sampled coordinates, a_ref ~ Normal(-1, 2).
-    log_sd = EXPONENT_PRIOR[1]
-    assert 0.4 * log_sd < np.std(np.asarray(starts["alpha"])) < 2.0 * log_sd
-    alpha, beta = np.exp(np.asarray(starts["alpha"])), np.exp(np.asarray(starts["beta"]))
+    # Spread like the prior, in unconstrained coordinates: logit((alpha - low) / (high - low)) of a
+    # uniform alpha is standard logistic (sd pi / sqrt(3)), and, mapped back from the sampled
+    # coordinates, a_ref ~ Normal(-1, 2).
+    _, low, high = EXPONENT_PRIOR
+    logistic_sd = np.pi / np.sqrt(3)
+    assert 0.4 * logistic_sd < np.std(np.asarray(starts["alpha"])) < 2.0 * logistic_sd
+    alpha, beta = (low + (high - low) / (1 + np.exp(-np.asarray(starts[k]))) for k in ("alpha", "beta"))
     stated = _level_and_slopes(alpha, beta).inv(starts["level_and_slopes"])  # e, a_ref, b_ref
     assert 1.0 < np.std(np.asarray(stated[:, 1])) < 4.0
     again = prior_starts(loss_law_model, args, 8, seed=0)
@@ -110,9 +112,12 @@ def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone
     model = run_effects_model_for(CHINCHILLA)
     (plain, _), (wide, wide_sigma) = sites(model), sites(widened_priors(model, 2.0))
     assert plain.keys() == wide.keys()
-    for name in ("alpha", "beta", "sigma", "run_sd"):
+    for name in ("sigma", "run_sd"):
         assert float(wide[name].scale) == pytest.approx(2 * float(plain[name].scale)), name
-    assert float(wide["alpha"].loc) == float(plain["alpha"].loc)
+    # The exponents' Uniform(0, 2): the lower bound kept, the width doubled.
+    for name in ("alpha", "beta"):
+        assert (float(wide[name].low), float(wide[name].high)) == (0.0, 4.0), name
+        assert (float(plain[name].low), float(plain[name].high)) == (0.0, 2.0), name
     # (e, a_ref, b_ref): sampled in other coordinates, their stated prior widened, the coordinates kept.
     stated, wide_stated = plain["level_and_slopes"].base_dist, wide["level_and_slopes"].base_dist
     np.testing.assert_allclose(wide_stated.base_dist.scale, 2 * stated.base_dist.scale)
@@ -129,9 +134,9 @@ def test_widened_priors_double_every_spread_and_leave_locations_and_plates_alone
 
     def odd_prior():
         import numpyro
-        numpyro.sample("u", dist.Uniform(0.0, 1.0))
+        numpyro.sample("u", dist.Beta(2.0, 2.0))
 
-    with pytest.raises(ValueError, match="site 'u': cannot widen a Uniform"):
+    with pytest.raises(ValueError, match="site 'u': cannot widen a Beta"):
         handlers.trace(handlers.seed(widened_priors(odd_prior, 2.0), 0)).get_trace()
     with pytest.raises(ValueError, match="must be positive"):
         widened_priors(loss_law_model, 0.0)
@@ -420,7 +425,7 @@ def test_the_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior(
 
     family = FAMILIES[family_name]
     centre = DataCentre.of(np.log([1e5, 1e7]), np.log([1e8, 1e10]))
-    exponent = stats.lognorm(s=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[0])
+    exponent = stats.uniform(loc=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[2] - EXPONENT_PRIOR[1])
     stated_normals = dict(e=stats.norm(0.5, 1.0), **{t: stats.norm(-1.0, 2.0) for t in terms})
     for seed in range(5):
         trace = numpyro.handlers.trace(numpyro.handlers.seed(family.prior, seed)).get_trace(centre)

@@ -498,11 +498,13 @@ def _widened(fn: dist.Distribution, factor: float, site: str) -> dist.Distributi
         return dist.HalfNormal(factor * fn.scale)
     if isinstance(fn, dist.Gamma):  # mean c / r kept, sd sqrt(c) / r times factor
         return dist.Gamma(fn.concentration / factor**2, fn.rate / factor**2)
+    if isinstance(fn, dist.Uniform):  # its lower end kept (a bound of the quantity: 0 for an exponent)
+        return dist.Uniform(fn.low, fn.low + factor * (fn.high - fn.low))
     # A prior stated in other coordinates than sampled (after LogNormal, itself a transformed distribution).
     if isinstance(fn, dist.TransformedDistribution):
         return dist.TransformedDistribution(_widened(fn.base_dist, factor, site), fn.transforms)
     raise ValueError(f"prior of site {site!r}: cannot widen a {type(fn).__name__} (Normal, LogNormal, "
-                     "HalfNormal and Gamma priors can be)")
+                     "HalfNormal, Gamma and Uniform priors can be)")
 
 
 class _WidenPriors(numpyro.primitives.Messenger):
@@ -523,7 +525,8 @@ def widened_priors(model: Callable, factor: float) -> Callable:
     Every latent site outside a plate (the form's coefficients, the residual and effect scales, the
     Student-t's degrees of freedom) keeps its location and has its spread multiplied by
     ``factor``: a Normal's or HalfNormal's scale, a LogNormal's log-scale sd, a Gamma's sd (its
-    mean kept); a site sampled in other coordinates than its prior is stated in (a transformed
+    mean kept), a Uniform's width (its lower end kept: the exponents' ``Uniform(0, 2)`` becomes
+    ``Uniform(0, 4)``); a site sampled in other coordinates than its prior is stated in (a transformed
     distribution) has the stated prior widened. Per-group effects inside a plate are in standard
     units and stay as they are. The same callable is returned for the same ``(model, factor)``, so
     its sampler is compiled once.
