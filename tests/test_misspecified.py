@@ -271,3 +271,16 @@ def test_weights_by_size_folds_are_a_study_of_their_own(tmp_path, capsys, monkey
     assert calls == ["sizes", "rows"] and "stack_by" not in study
     assert calibration.main(args + ["--stack-by", "sizes"]) == 0 and calls == ["sizes", "rows"]
     capsys.readouterr()
+
+
+def test_the_committed_well_specified_control_is_the_shipped_priors_and_its_bands_cover():
+    """The control fits synthetic ladders with exactly their true forms: its bands must cover as they
+    claim under the prior the library ships. A change of the exponents' prior leaves this failing
+    until the control is fitted again under it (its key names the prior)."""
+    from sdsl_jax.loss_laws import CHINCHILLA, prior_key
+
+    study = json.load(open("fits/calibration/wellspecified_factorial/misspecified.json"))["studies"]["misspecified"]
+    assert {k: study[k] for k in prior_key([CHINCHILLA])} == prior_key([CHINCHILLA])
+    overall = study["summary"]["overall"]
+    assert overall["targets"] == 320 and 0.85 <= overall["n_star_coverage"] <= 0.95
+    assert abs(overall["n_star_median_log_ratio"]) < 0.2 and overall["p_best_expected_calibration_error"] <= 0.10
