@@ -33,3 +33,13 @@ def test_scaling_runs_only_the_tables_asked_for(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--only", "scaling", "--scaling-parts", "nstar"])
     assert exit_.value.code == 2 and "nstar" in capsys.readouterr().err
+
+
+def test_every_family_of_the_forms_benchmark_is_fitted_to_runs_that_identify_it():
+    from experiments.benchmarks.numerics import forms_pretraining
+    from sdsl_jax import FAMILIES, load_pretraining
+    from sdsl_jax.infer.point import check_loss_law_data
+
+    for family in FAMILIES.values():
+        runs = load_pretraining(forms_pretraining(family.name))
+        check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=family)  # raises if not

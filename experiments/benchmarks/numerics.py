@@ -152,11 +152,19 @@ def bench_draft_size(targets: int, repeats: int) -> list[dict]:
     ]
 
 
+def forms_pretraining(family: str) -> str:
+    """The pre-training runs :func:`bench_draft_size_forms` fits ``family`` to: the shipped ladder, or
+    the first ladder for the one-break law (the shipped ladder's nine token counts are five budgets,
+    one fewer than its D term needs)."""
+    return "fits/ladder-v1/pretraining.csv" if family == "broken" else "fits/ladder/pretraining.csv"
+
+
 def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_points: int = 4001) -> list[dict]:
     """N* against brute force for every (loss-law family, acceptance model, draft recipe, cost).
 
     Each family and acceptance model is fitted to the shipped ladder (``fits/ladder``; point fits from
-    every 20th start), its coefficients jittered per target (laws: log-normal, sd 0.2; acceptance:
+    every 20th start), the one-break law to the first ladder (``fits/ladder-v1``: ``fits/ladder``'s
+    five token budgets cannot identify its D term), its coefficients jittered per target (laws: log-normal, sd 0.2; acceptance:
     relative sd 0.05), targets log-uniform in [3e4, 1e8]. The alternative: T on ``brute_points``
     log-spaced draft sizes per target in one vectorised call. A fault is a SUCCESS whose T is more than
     1e-9 below the brute-force best, or a failure status (no admissible draft, no speed-up, not
@@ -167,10 +175,14 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
                           LatencyCost, TokensPerParameter, draft_acceptance, draft_throughput, fit_acceptance_plane,
                           fit_loss_law, load_acceptance, load_pretraining, target_alone_throughput)
 
-    runs, pairs = load_pretraining("fits/ladder/pretraining.csv"), load_acceptance("fits/ladder/acceptance.csv")
-    logs = (np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))
-    laws = {f.name: fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=f, starts=f.starts(*logs)[::20]).law
-            for f in FAMILIES.values() if f.name != "data"}  # the data-only law has no N term: no N*
+    pairs = load_acceptance("fits/ladder/acceptance.csv")
+
+    def point_fit(family):
+        runs = load_pretraining(forms_pretraining(family.name))
+        logs = (np.log(runs.n_params), np.log(runs.n_tokens), np.log(runs.loss))
+        return fit_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, starts=family.starts(*logs)[::20]).law
+
+    laws = {f.name: point_fit(f) for f in FAMILIES.values() if f.name != "data"}  # the data-only law has no N*
     planes = {m.name: fit_acceptance_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha,
                                            weights=pairs.regression_weights(), model=m).plane
               for m in ACCEPTANCE_MODELS.values()}
