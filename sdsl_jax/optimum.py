@@ -139,12 +139,26 @@ class _Problem(NamedTuple):
     recipe: DraftRecipe
 
 
+class _AtDraftSize(NamedTuple):
+    """The model at one draft size: acceptance, optimal lookahead and throughput."""
+
+    alpha: jax.Array
+    gamma: jax.Array
+    throughput: jax.Array
+
+
+def _at_draft_size(u: jax.Array, p: _Problem) -> _AtDraftSize:
+    n = jnp.exp(u)
+    alpha = draft_acceptance(n, p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane)
+    best = best_lookahead(p.cost, alpha, n, p.m)
+    return _AtDraftSize(alpha, best.gamma, best.throughput)
+
+
 def _log_throughput_and_acceptance(u: jax.Array, p: _Problem) -> tuple[jax.Array, jax.Array]:
     # One evaluation of the model gives both: the solver's program is compiled once per model, and
     # every copy of the chain (its Lambert W included) it holds costs compile time.
-    n = jnp.exp(u)
-    alpha = draft_acceptance(n, p.m, d_target=p.d_target, recipe=p.recipe, loss=p.loss, plane=p.plane)
-    return jnp.log(best_lookahead(p.cost, alpha, n, p.m).throughput), alpha
+    at = _at_draft_size(u, p)
+    return jnp.log(at.throughput), at.alpha
 
 
 def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
@@ -169,7 +183,8 @@ _FLAT = 1e-12  # changes in log T below this between grid points are rounding, n
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
-    """Scalar solve; returns (u*, status, steps), u* differentiable by the implicit function theorem."""
+    """Scalar solve; returns (u*, status, steps, the model at u*), u* differentiable by the implicit
+    function theorem."""
     log_m = jnp.log(p.m)
     spacing = (log_m - log_n_min) / (num_grid - 1)
     leaves = jax.tree.leaves(p)
@@ -227,17 +242,25 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     decided = invalid | saturates | no_admissible
 
     def value_and_stationarity(u):
-        # Forward mode for the scalar u: no transposed (reverse) program to compile.
-        return jax.jvp(lambda v: _log_throughput(v, p), (u,), (jnp.ones_like(u),))
+        # Forward mode for the scalar u: no transposed (reverse) program to compile. The model's
+        # outputs ride along (their tangents are never used, so they are never computed).
+        def log_t_and_model(v):
+            at = _at_draft_size(v, p)
+            return jnp.log(at.throughput), at
+        (log_t, at), (gu, _) = jax.jvp(log_t_and_model, (u,), (jnp.ones_like(u),))
+        return (log_t, gu), at
 
     def cond(state):
-        _, _, _, done, step = state
-        return (~done) & (step < max_steps)
+        return ~state[-1]
 
     def body(state):
-        u, lo, hi, _, step = state
-        # log T, g = d log T / du and g' in one pass.
-        (log_t, gu), (_, dgu) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
+        u, lo, hi, done, step, _, _ = state
+        # log T, g = d log T / du and g' in one pass, and the model at u.
+        ((log_t, gu), at), ((_, dgu), _) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
+        # A lane's last iteration only evaluates the model at the point it returns, for the
+        # outputs: a separate evaluation after the loop would be one more copy of the model in the
+        # program, which XLA's fusion copies again into each output (Lambert W included).
+        final = done | (step >= max_steps)
         # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
         # Such a point lies on the far side of the admissible region from the grid maximum. So
         # does a flat point (gamma* = 0, T the target's alone, g = g' = 0) where the grid showed
@@ -252,8 +275,8 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         stop_flat = flat & (best_gain <= 0)
         u_next = jnp.where(stop_flat, u, jnp.where(use_newton, newton, 0.5 * (lo + hi)))
         scale = 1.0 + jnp.abs(u)
-        done = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale) | stop_flat
-        return u_next, lo, hi, done, step + 1
+        converged = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale) | stop_flat
+        return (jnp.where(final, u, u_next), lo, hi, done | converged, jnp.where(final, step, step + 1), at, final)
 
     # The sets evaluated so far include a whole grid of spacing h: the maximum lies within h of
     # the best point. Newton starts at the vertex of the parabola through the grid maximum and its
@@ -267,18 +290,20 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
                 & (curvature < 0))
     vertex = u0 + 0.5 * spacing * (f_lo - f_hi) / jnp.where(interior, curvature, -1.0)
     start = jnp.where(interior, jnp.clip(vertex, lo, hi), u0)
+    nan = jnp.full_like(start, jnp.nan)
     # Lanes already decided do not step: a vmapped loop runs as many steps as its slowest lane.
-    u, _, _, done, steps = jax.lax.while_loop(cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32)))
+    u, _, _, done, steps, at, _ = jax.lax.while_loop(
+        cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32), _AtDraftSize(nan, nan, nan), jnp.asarray(False)))
     at_lower = (u0 == log_n_min) & (u - log_n_min <= 1e-3 * h)
     # The checks at u itself (alpha < 1 there, T finite there, a speed-up there) are made by
-    # _solve_flat, which evaluates the model at u once for them and for its outputs (_final_status).
+    # _solve_flat (_final_status), on the model at u that the loop's last iteration evaluated.
     status = jnp.select(
         [invalid, saturates, no_admissible, at_lower, ~done],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
          SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
-    return u, status, steps
+    return u, status, steps, at
 
 
 def _final_status(status: jax.Array, alpha: jax.Array, gamma: jax.Array, throughput: jax.Array,
@@ -307,10 +332,13 @@ def _located_optimum_jvp(num_grid, max_steps, tol, primals, tangents):
     call, differentiated or not)."""
     p, log_n_min = primals
     dp, _ = tangents  # N* does not move with n_min where it is an interior maximum
-    u, status, steps = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
+    u, status, steps, at = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
     g_p_dp = jax.jvp(lambda q: _stationarity(u, q), (p,), (dp,))[1]
+    du = -g_p_dp / _stationarity_slope(u, p)
+    # The model at u* moves with p directly and through u*.
+    d_at = jax.jvp(_at_draft_size, (u, p), (du, dp))[1]
     zeros = [np.zeros(np.shape(x), jax.dtypes.float0) for x in (status, steps)]
-    return (u, status, steps), (-g_p_dp / _stationarity_slope(u, p), *zeros)
+    return (u, status, steps, at), (du, *zeros, d_at)
 
 
 def _stationarity(u: jax.Array, p: _Problem) -> jax.Array:
@@ -419,16 +447,12 @@ def _over_broadcast_leaves(solve_flat, tree):
 
 
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
-    u, status, steps = jax.vmap(_located_optimum, (0, None, None, None, None))(
+    # The search returns the model at the point found, for the last checks and for the outputs.
+    u, status, steps, found = jax.vmap(_located_optimum, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
     )
-    # The model at the point found, once: for the last checks and for the outputs (each
-    # evaluation of the model is a copy of it, Lambert W included, in the compiled program).
     n_found = jnp.exp(u)
-    alpha_found = draft_acceptance(n_found, problems.m, d_target=problems.d_target, recipe=problems.recipe,
-                                   loss=problems.loss, plane=problems.plane)
-    best = best_lookahead(problems.cost, alpha_found, n_found, problems.m)
-    status = _final_status(status, alpha_found, best.gamma, best.throughput,
+    status = _final_status(status, found.alpha, found.gamma, found.throughput,
                            1.0 / target_alone_cost(problems.cost, problems.m))
     ok = status == SolveStatus.SUCCESS
     # NaN value AND NaN derivatives where the solve failed: a zero gradient would read as "optimal".
@@ -442,9 +466,9 @@ def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int,
 
     return DraftSizeSolution(
         n_star=where_solved(n_found),
-        gamma_star=where_solved(best.gamma),
-        alpha=where_solved(alpha_found),
-        throughput=where_solved(best.throughput),
+        gamma_star=where_solved(found.gamma),
+        alpha=where_solved(found.alpha),
+        throughput=where_solved(found.throughput),
         status=status,
         num_steps=steps,
     )

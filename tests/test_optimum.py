@@ -91,6 +91,38 @@ def test_implicit_derivatives_match_finite_differences_of_brute_force():
         assert implicit == pytest.approx(fd, rel=1e-4, abs=1e-4), name
 
 
+def test_the_model_at_n_star_differentiates_through_the_solve():
+    """alpha, gamma* and T* at N* move with the inputs directly and through N*: forward- and
+    reverse-mode derivatives against central differences of the solve, and T*'s against the envelope
+    theorem (at a maximum, d log T* / d theta is the partial derivative with N* held fixed)."""
+    point = jnp.array([5e10, 1.2e12, HOFFMANN2022.A, SDSL2026.B])
+
+    def solve(theta):
+        m, d_target, loss_a, plane_b = theta
+        return solve_draft_size(m, d_draft=8e11, d_target=d_target, loss=HOFFMANN2022._replace(A=loss_a),
+                                plane=SDSL2026._replace(B=plane_b))
+
+    def log_outputs(theta):
+        sol = solve(theta)
+        return jnp.log(jnp.stack([sol.alpha, sol.gamma_star, sol.throughput]))
+
+    forward, reverse = jax.jacfwd(log_outputs)(point), jax.jacrev(log_outputs)(point)
+    np.testing.assert_allclose(reverse, forward, rtol=1e-12, atol=1e-20)
+    h = 1e-5
+    for i in range(point.size):
+        up, down = point.at[i].multiply(1 + h), point.at[i].multiply(1 - h)
+        central = (log_outputs(up) - log_outputs(down)) / (2 * h * point[i])
+        np.testing.assert_allclose(forward[:, i], central, rtol=1e-6, atol=1e-12 / float(point[i]))
+    n_star = jax.lax.stop_gradient(solve(point).n_star)
+
+    def log_throughput_at_fixed_n(theta):
+        m, d_target, loss_a, plane_b = theta
+        return jnp.log(draft_throughput(n_star, m, d_draft=8e11, d_target=d_target,
+                                        loss=HOFFMANN2022._replace(A=loss_a), plane=SDSL2026._replace(B=plane_b)))
+
+    np.testing.assert_allclose(forward[2], jax.grad(log_throughput_at_fixed_n)(point), rtol=1e-9)
+
+
 def test_gradient_at_a_solved_n_star_equals_the_solvers_own_derivatives():
     """draft_size_gradient (no second solve) against jax.grad through solve_draft_size, field by field,
     on several targets with a recipe whose budget follows N; NaN where the solve failed."""
