@@ -10,8 +10,9 @@ Sections:
               scipy.optimize.minimize_scalar solves of the NumPy version of the same objective
               (experiments/numpy_reference.py), same bracketing grid; max disagreement in N*.
   forms       N* against a brute-force grid of T for every loss-law family, acceptance model, draft
-              recipe and cost (coefficients fitted to the shipped ladder, jittered per target):
-              statuses, faults (a solve below the best T, a gain missed), time of both.
+              recipe and cost (coefficients fitted to the shipped ladder, the one-break law's to the
+              first, jittered per target): statuses, faults (a solve below the best T, a gain
+              missed), time of both.
   fit         the loss-law fit from the Epoch replication's 4,500 starts (multi-start optax L-BFGS)
               against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
               subset of the same starts: time per start and both optima.
