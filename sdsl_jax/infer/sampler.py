@@ -353,9 +353,11 @@ def prior_starts(model: Callable, model_args: tuple, num_chains: int, seed: int,
     Dispersed starts are what lets split R-hat see chains that settle in different places
     (Vehtari et al. 2021); chains started together near one point, such as a point fit, agree
     by construction and flatter R-hat. A draw whose log density is not finite is drawn again
-    (up to ``max_tries`` per chain). The model runs eagerly, once per draw: each of its operations is
-    compiled once per process and shape and shared by every model that uses it, which costs less
-    over a run's several models than one compiled program per model.
+    (up to ``max_tries`` per chain). The prior draw runs eagerly: its few operations are compiled
+    once per process and shape and shared by every model that uses them, which costs less over a
+    run's several models than one compiled draw per model. The log density at the draw holds the
+    likelihood, whose operations are many and model-specific (a truncated normal's normaliser alone
+    is two ``log_ndtr``): it is compiled once per model and shape.
     """
     key = jax.random.PRNGKey(seed + 7919)
     starts = []
@@ -372,6 +374,12 @@ def prior_starts(model: Callable, model_args: tuple, num_chains: int, seed: int,
     return {name: jnp.stack([start[name] for start in starts]) for name in starts[0]}
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled_log_joint(model: Callable) -> Callable:
+    """The joint log density of ``model`` at latent ``values``, compiled (see :func:`prior_starts`)."""
+    return jax.jit(lambda model_args, values: log_density(model, model_args, {}, values)[0])
+
+
 def _prior_draw(model: Callable, model_args: tuple, key: jax.Array) -> dict[str, jax.Array] | None:
     """One prior draw of the latent sites in unconstrained space, None when the joint log density there
     is not finite."""
@@ -380,7 +388,7 @@ def _prior_draw(model: Callable, model_args: tuple, key: jax.Array) -> dict[str,
         latent = {name: site for name, site in trace.items()
                   if site["type"] == "sample" and not site["is_observed"]}
         values = {name: site["value"] for name, site in latent.items()}
-        log_joint, _ = log_density(model, model_args, {}, values)
+        log_joint = _compiled_log_joint(model)(model_args, values)
     if not np.isfinite(float(log_joint)):
         return None
     return {name: biject_to(site["fn"].support).inv(site["value"]) for name, site in latent.items()}
