@@ -154,15 +154,15 @@ def _at_draft_size(u: jax.Array, p: _Problem) -> _AtDraftSize:
     return _AtDraftSize(alpha, best.gamma, best.throughput)
 
 
-def _log_throughput_and_acceptance(u: jax.Array, p: _Problem) -> tuple[jax.Array, jax.Array]:
-    # One evaluation of the model gives both: the solver's program is compiled once per model, and
-    # every copy of the chain (its Lambert W included) it holds costs compile time.
+def _log_throughput_and_model(u: jax.Array, p: _Problem) -> tuple[jax.Array, _AtDraftSize]:
+    # One evaluation of the model gives log T and the rest of it: the solver's program is compiled
+    # once per model, and every copy of the chain (its Lambert W included) it holds costs compile time.
     at = _at_draft_size(u, p)
-    return jnp.log(at.throughput), at.alpha
+    return jnp.log(at.throughput), at
 
 
 def _log_throughput(u: jax.Array, p: _Problem) -> jax.Array:
-    return _log_throughput_and_acceptance(u, p)[0]
+    return _log_throughput_and_model(u, p)[0]
 
 
 def _van_der_corput(r: int) -> float:
@@ -212,7 +212,8 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         sets, best_u, best_gain, first_k, neighbours, saturates, any_admissible, several_maxima = state
         points = jnp.minimum(log_n_min + (index + offsets[sets]) * spacing, log_m)
         points = jnp.where((sets == 0) & (index == num_grid - 1.0), log_m, points)
-        f, alpha = jax.vmap(_log_throughput_and_acceptance, (0, None))(points, p)
+        f, at = jax.vmap(_log_throughput_and_model, (0, None))(points, p)
+        alpha = at.alpha
         admissible = jnp.isfinite(f)
         gain = jnp.where(admissible, f + log_target_cost, -jnp.inf)  # log(T / T_target)
         k = jnp.argmax(gain).astype(jnp.int32)
@@ -244,10 +245,7 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     def value_and_stationarity(u):
         # Forward mode for the scalar u: no transposed (reverse) program to compile. The model's
         # outputs ride along (their tangents are never used, so they are never computed).
-        def log_t_and_model(v):
-            at = _at_draft_size(v, p)
-            return jnp.log(at.throughput), at
-        (log_t, at), (gu, _) = jax.jvp(log_t_and_model, (u,), (jnp.ones_like(u),))
+        (log_t, at), (gu, _) = jax.jvp(lambda v: _log_throughput_and_model(v, p), (u,), (jnp.ones_like(u),))
         return (log_t, gu), at
 
     def cond(state):
