@@ -117,7 +117,7 @@ MAX_TREE_DEPTH = 10
 
 
 class _ReinitialisableNUTS(NUTS):
-    """NUTS whose initialisation for vectorised chains can be repeated.
+    """NUTS whose initialisation for vectorised chains can be repeated, and is compiled for one chain.
 
     NumPyro's HMC ``init`` wraps the kernel's sampling function in ``vmap`` every time it starts
     vectorised chains. A cached MCMC (:func:`_mcmc`) is initialised again on every run; its
@@ -127,10 +127,21 @@ class _ReinitialisableNUTS(NUTS):
     """
 
     _unmapped_sample_fn = None
+    _compiled_init = None
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs={}):
         if self._unmapped_sample_fn is not None:
             self._sample_fn = self._unmapped_sample_fn
+        if (numpyro.util.is_prng_key(rng_key) and init_params is not None and not model_kwargs
+                and numpyro.util.not_jax_tracer(rng_key)):
+            # One chain: NumPyro initialises it operation by operation, each compiled on its own
+            # at every new data shape (the potential and its gradient twice, the step-size search);
+            # compiled as one program, as it is inside the mapped chains of a multi-chain run.
+            if self._compiled_init is None or self._compiled_init[0] != num_warmup:
+                self._compiled_init = (num_warmup, jax.jit(
+                    lambda key, params, args: super(_ReinitialisableNUTS, self).init(
+                        key, num_warmup, params, model_args=args)))
+            return self._compiled_init[1](rng_key, init_params, model_args)
         state = super().init(rng_key, num_warmup, init_params, model_args=model_args, model_kwargs=model_kwargs)
         if not numpyro.util.is_prng_key(rng_key):  # vectorised chains: init mapped the function
             self._unmapped_sample_fn = self._sample_fn.__wrapped__
