@@ -312,11 +312,14 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     stopped = (steps < max_steps) & jnp.isfinite(values)
     # A start that stalled short of a stationary point (a line search that found no lower point)
     # is restarted once from fresh L-BFGS memory, as SciPy's L-BFGS-B does after a failed search.
-    at_stationary = _converged(objective, carry, args, ftol, gtol)
-    stalled = np.flatnonzero(np.asarray(stopped & ~at_stationary))
+    # The bookkeeping below is NumPy: as JAX operations, each set of starts of a new size (they
+    # differ from fit to fit) would compile its gathers and scatters again.
+    stopped = np.array(stopped)
+    at_stationary = np.array(_converged(objective, carry, args, ftol, gtol))
+    stalled = np.flatnonzero(stopped & ~at_stationary)
     carry, steps, restarted_steps = _continue_afresh(objective, carry, steps, stalled, tuple(args), max_steps, ftol,
                                                      gtol, linesearch)
-    stopped = stopped.at[stalled].set(restarted_steps < max_steps)
+    stopped[stalled] = restarted_steps < max_steps
     polished = np.zeros(0, int)
     if polish_steps:
         carry, steps, polished = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol,
@@ -324,9 +327,10 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     values = optax.tree.get(carry.state, "value")
     moved = np.union1d(stalled, polished)  # only these starts' state changed since the check above
     if moved.size:
-        at_stationary = at_stationary.at[moved].set(
-            _converged(objective, jax.tree.map(lambda x: x[moved], carry), args, ftol, gtol))
-    converged = stopped & at_stationary
+        padded = _padded(moved)
+        at_stationary[moved] = np.asarray(
+            _converged(objective, jax.tree.map(lambda x: x[padded], carry), args, ftol, gtol))[: moved.size]
+    converged = jnp.asarray(stopped & at_stationary)
     values = jnp.where(jnp.isfinite(values), values, jnp.inf)
     best = int(jnp.argmin(values))
     return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
@@ -398,9 +402,10 @@ def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args,
     """The starts ``indices`` continued from fresh L-BFGS memory, one by one, to their stopping rule
     (at most ``max_steps`` more steps each): the carry, the total steps, and the new run's steps."""
     if indices.size == 0:
-        return carry, steps, jnp.zeros(0, jnp.int32)
-    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[indices])
-    carry = jax.tree.map(lambda x, y: x.at[indices].set(y), carry, fresh)
+        return carry, steps, np.zeros(0, np.int32)
+    padded = _padded(indices)  # repeated starts are set twice to the same fresh state
+    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[padded])
+    carry = jax.tree.map(lambda x, y: x.at[padded].set(y), carry, fresh)
     dtype = carry.params.dtype
     limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, dtype), jnp.asarray(gtol, dtype))
     num_starts = carry.params.shape[0]
@@ -409,8 +414,16 @@ def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args,
         chunk = indices[first : first + _STARTS_PER_CALL]
         call[: chunk.size] = chunk
         carry = _run_one_by_one(objective, carry, call, args, *limits, linesearch=linesearch)
-    new_steps = optax.tree.get(carry.state, "count")[indices]
-    return carry, steps.at[indices].add(new_steps), new_steps
+    new_steps = np.asarray(optax.tree.get(carry.state, "count"))[indices]
+    total = np.array(steps)
+    total[indices] += new_steps
+    return carry, jnp.asarray(total), new_steps
+
+
+def _padded(indices: np.ndarray) -> np.ndarray:
+    """``indices`` repeated up to the next power of two: the arrays gathered with them then take one
+    of a few sizes, and their operations compile once for each, not once per number of starts."""
+    return np.resize(indices, 1 << int(indices.size - 1).bit_length())
 
 
 def loss_law_objective(theta, log_n, log_d, log_loss, delta=1e-3) -> jax.Array:
