@@ -56,6 +56,7 @@ from experiments.runlog import (Log, UsageError, check_arguments, configure_jax,
 from sdsl_jax import ACCEPTANCE_MODELS, FAMILIES
 from sdsl_jax.compare import STACKING_DENSITIES
 from sdsl_jax.data import DataError, load_acceptance, load_pretraining, load_speculative
+from sdsl_jax.predict.ranking import NOT_PINNED_DOWN
 from sdsl_jax.validation.closure import (close_loop, closure_scores, expected_speculative_runs, failed_diagnostics,
                                           measured_perplexities)
 from sdsl_jax.validation.closure_report import closure_markdown, figure
@@ -239,7 +240,7 @@ def _close(args, argv) -> int:
         prior_sensitivity=sensitivity,
         loss_law={k: float(v) for k, v in point.law._asdict().items()},
         loss_law_source=("point fit" if not fit.point_fit_at_bound else "posterior median law (the point fit's "
-                         + ", ".join(fit.point_fit_at_bound) + " at a bound of the fit)"),
+                         + ", ".join(fit.point_fit_at_bound) + f" {NOT_PINNED_DOWN})"),
         plane={k: float(v) for k, v in point.plane._asdict().items()}, plane_r_squared=point.plane_r_squared,
         diagnostics=fit.diagnostics, forecast_scores=scores if fit.draws is not None else None,
         prospective_skipped=prospective_skipped,

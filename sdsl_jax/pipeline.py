@@ -36,7 +36,7 @@ from sdsl_jax.infer.sampler import PosteriorRun
 from sdsl_jax.loss_laws import CHINCHILLA, LossLawFamily
 from sdsl_jax.predict.draws import PredictiveScales, paired_draws, predictive_scales
 from sdsl_jax.predict.propagate import plane_sensitivity
-from sdsl_jax.predict.ranking import DraftSizePrediction, point_for_decisions, predict_draft_size
+from sdsl_jax.predict.ranking import NOT_PINNED_DOWN, DraftSizePrediction, point_for_decisions, predict_draft_size
 from sdsl_jax.protocols import AcceptanceRateModel, LossLawModel
 from sdsl_jax.recipes import as_recipe
 from sdsl_jax.store import StageStore
@@ -315,12 +315,13 @@ def run(
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None
-    at_bound = degenerate_coefficients(point.law)
     # Without a posterior the report warns instead (report.add_data_checks): there is no law to replace it with.
-    if at_bound and post is not None:
-        point, _ = point_for_decisions(point, draws[0])  # the draws behind the bands: the median they report
-        log(f"loss law: the point fit's {', '.join(at_bound)} sit at a bound of the fit (the data do not pin that "
-            "term down); the point N* is the posterior median law's")
+    at_bound = degenerate_coefficients(point.law)
+    if post is not None:
+        point, at_bound = point_for_decisions(point, draws[0])  # the draws behind the bands: the median they report
+        if at_bound:
+            log(f"loss law: the point fit's {', '.join(at_bound)} {NOT_PINNED_DOWN}; the point N* is the posterior "
+                "median law's")
     log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
         + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,

@@ -20,6 +20,7 @@ from sdsl_jax.figures import format_size
 from sdsl_jax.infer.models import sampled_effect_sides
 from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.pipeline import PipelineResult
+from sdsl_jax.predict.ranking import NOT_PINNED_DOWN
 from sdsl_jax.store import finite_or_none
 from sdsl_jax.protocols import IterationCostModel, LossLawModel
 
@@ -70,7 +71,7 @@ def summary_record(result: PipelineResult, *, header: dict, data: dict, assumpti
                       objective=point.objective, converged=point.converged,
                       not_unique=list(point.not_unique), at_bound=list(result.point_at_bound),
                       source=("posterior median law (the point fit's " + ", ".join(result.point_at_bound)
-                              + " sat at a bound of the fit)") if result.point_at_bound and post is not None
+                              + f" {NOT_PINNED_DOWN})") if result.point_at_bound and post is not None
                       else "point fit (multi-start Huber)"),
         plane=dict(**{k: float(v) for k, v in plane._asdict().items()}, **plane_info),
         linear_law=dict(mu=float(line.mu), m0=float(line.m0)) if line else None,
@@ -264,8 +265,9 @@ def format_table(summary: dict) -> str:
         print("The point fit is not unique (rival optima within 1% of its objective differ in "
               + ", ".join(law["not_unique"]) + "): its digits need not reproduce on another machine; the bands do.")
     if law.get("at_bound"):
-        print(f"The point fit's {', '.join(law['at_bound'])} sat at a bound of the fit (a term the data do not pin down): "
-              + ("the N* (point) column is the posterior median law's." if post else
+        print(f"The point fit's {', '.join(law['at_bound'])} "
+              + (f"{NOT_PINNED_DOWN}: the N* (point) column is the posterior median law's." if post else
+                 "sat at a bound of the fit (a term the data do not pin down): "
                  "its N* (point) is an artefact of where the optimiser stopped; run with --posterior."))
     if post and post["identification"]["flags"]:
         print("Not identified by these data (posterior against prior): " + "; ".join(post["identification"]["flags"]))

@@ -203,3 +203,35 @@ def test_a_point_fit_at_a_bound_gives_way_to_the_posterior_median_law():
         assert float(getattr(replaced.law, name)) == pytest.approx(float(np.median(getattr(laws, name))), rel=1e-12)
     np.testing.assert_allclose(replaced.theta, np.asarray(CHINCHILLA.to_theta(replaced.law)))
     assert replaced.objective == 1e-3 and replaced.family is CHINCHILLA  # the rest of the point fit as it was
+
+
+def test_a_point_fit_far_outside_its_posterior_gives_way_to_the_posterior_median_law():
+    """A point fit that ran along a direction the data leave open stops short of any bound (an N
+    term with A in the 1e18s and alpha 4.5; E at 1e-15): it is set aside when a fitting coordinate
+    lies beyond the posterior's central 99% by more than that interval's width, and kept within it."""
+    from sdsl_jax.infer.point import coordinates_beyond_posterior, degenerate_coefficients
+    from sdsl_jax.infer.results import PointFit
+    from sdsl_jax.loss_laws import CHINCHILLA
+
+    def point(law):
+        return PointFit(law, np.asarray(CHINCHILLA.to_theta(law)), 1e-3, True, CHINCHILLA, SDSL2026, None, False,
+                        float("nan"))
+
+    laws, _ = _draws(2001, seed=3)
+    alpha = np.asarray(laws.alpha)
+    lo, hi = np.quantile(alpha, [0.005, 0.995])  # the oracle: the interval and its width, directly
+    inside = HOFFMANN2022._replace(alpha=hi + 0.9 * (hi - lo))
+    outside = HOFFMANN2022._replace(alpha=hi + 1.1 * (hi - lo))
+    assert coordinates_beyond_posterior(CHINCHILLA, point(HOFFMANN2022).theta, laws) == ()
+    assert coordinates_beyond_posterior(CHINCHILLA, point(inside).theta, laws) == ()
+    assert coordinates_beyond_posterior(CHINCHILLA, point(outside).theta, laws) == ("alpha",)
+    # E at 1e-15: finite and above 1e-30, so no bound of the fit, but e = log E is 35 away from the draws.
+    tiny_e = HOFFMANN2022._replace(E=1e-15)
+    assert degenerate_coefficients(tiny_e) == ()
+    assert coordinates_beyond_posterior(CHINCHILLA, point(tiny_e).theta, laws) == ("e",)
+
+    replaced, bad = predict.point_for_decisions(point(outside), laws)
+    assert bad == ("alpha",)
+    assert float(replaced.law.alpha) == pytest.approx(float(np.median(alpha)), rel=1e-12)
+    kept, bad = predict.point_for_decisions(point(inside), laws)
+    assert bad == () and kept.law is inside

@@ -53,6 +53,7 @@ __all__ = [
     "rival_optima",
     "DEGENERATE_MAGNITUDE",
     "degenerate_coefficients",
+    "coordinates_beyond_posterior",
 ]
 
 
@@ -703,4 +704,29 @@ def degenerate_coefficients(law: Any) -> tuple[str, ...]:
                 and np.all(v > 1 / DEGENERATE_MAGNITUDE)):
             out.append(name)
     return tuple(out)
+
+
+def coordinates_beyond_posterior(family: LossLawFamily, theta: ArrayLike, laws: Any, *,
+                                 mass: float = 0.99) -> tuple[str, ...]:
+    """The fitting coordinates (``family.theta_names``) in which a point fit ``theta`` lies outside
+    the posterior's central ``mass`` interval of the draws ``laws`` by more than that interval's width.
+
+    The point fit minimises the robust objective alone; the posterior adds the priors (and run
+    effects). Where the data pin a coordinate down the two agree to within the posterior's spread.
+    Where they do not, the multi-start fit runs along the unidentified direction and stops at an
+    artefact of the optimiser without reaching a bound of :func:`degenerate_coefficients`: an N term
+    whose coefficient and exponent grow together until it switches on for one model size (``A`` in
+    the 1e18s with ``alpha`` 4.5, a break of width ``f`` 1e-10), or ``E`` at 1e-15 (``e`` 35 prior
+    standard deviations from its prior's centre). The prior closes that direction, so the posterior
+    lies far from the point, and decisions are taken from the posterior
+    (:func:`sdsl_jax.predict.point_for_decisions`). A margin of one interval width keeps a point that
+    differs from the posterior only by the two objectives' different weighting of the rows.
+    """
+    theta = np.asarray(theta, np.float64)
+    draws = np.asarray(family.to_theta(laws), np.float64).reshape(theta.shape[0], -1)
+    tail = (1.0 - mass) / 2.0
+    lo, hi = np.nanquantile(draws, [tail, 1.0 - tail], axis=1)
+    width = hi - lo
+    beyond = ~np.isfinite(theta) | (theta < lo - width) | (theta > hi + width)
+    return tuple(name for name, off in zip(family.theta_names, beyond) if off)
 

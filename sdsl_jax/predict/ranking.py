@@ -17,7 +17,7 @@ import numpy as np
 from sdsl_jax.acceptance import predictive_acceptance
 from sdsl_jax.costs import SDSL_FLOPS, best_lookahead
 from sdsl_jax.forecast import Decision, bayes_decision
-from sdsl_jax.infer.point import degenerate_coefficients
+from sdsl_jax.infer.point import coordinates_beyond_posterior, degenerate_coefficients
 from sdsl_jax.infer.results import PointFit
 from sdsl_jax.objective import draft_acceptance, draft_throughput
 from sdsl_jax.optimum import DraftSizeSolution, LinearLaw, fit_linear_law, solve_draft_size
@@ -34,6 +34,7 @@ __all__ = [
     "best_draft_probabilities",
     "acceptance_draws",
     "point_for_decisions",
+    "NOT_PINNED_DOWN",
 ]
 
 
@@ -241,17 +242,24 @@ def acceptance_draws(draws: tuple[Any, Any], *, n_drafts: np.ndarray, d_drafts: 
     return _predictive_alpha(laws, planes, scales, n, d, m_target, d_target, seed, labels or CandidateLabels())
 
 
+NOT_PINNED_DOWN = "at a bound of the fit or far outside the posterior (the data do not pin it down)"
+"""How reports say why :func:`point_for_decisions` set a point fit's law aside."""
+
+
 def point_for_decisions(point: PointFit, laws: Any) -> tuple[PointFit, tuple[str, ...]]:
-    """The point fit to predict the point-fit rule's draft, N* and curves with, and the law's
-    fields that sat at a bound of the fit.
+    """The point fit to predict the point-fit rule's draft, N* and curves with, and what the data
+    did not pin down in it: the law's fields at a bound of the fit, else its fitting coordinates far
+    outside the posterior.
 
     Where the point fit's law has a coefficient at a bound (:func:`sdsl_jax.infer.point.degenerate_coefficients`:
-    zero, not finite, or beyond 1e30 in magnitude) its law is replaced by the posterior's median
-    law (per field, over the draws ``laws``): the curve between and beyond the data is then the
-    posterior's, not an artefact of where the optimiser stopped. Without such a field the point
-    fit is returned as it is, with an empty tuple.
+    zero, not finite, or beyond 1e30 in magnitude), or lies beyond the posterior's central 99% by
+    more than its width in some fitting coordinate (:func:`sdsl_jax.infer.point.coordinates_beyond_posterior`:
+    the optimiser ran along a direction the data leave open and the prior closes), its law is
+    replaced by the posterior's median law (per field, over the draws ``laws``): the curve between
+    and beyond the data is then the posterior's, not an artefact of where the optimiser stopped.
+    Otherwise the point fit is returned as it is, with an empty tuple.
     """
-    bad = degenerate_coefficients(point.law)
+    bad = degenerate_coefficients(point.law) or coordinates_beyond_posterior(point.family, point.theta, laws)
     if not bad:
         return point, ()
     median = type(point.law)(*(float(np.nanmedian(np.asarray(v, np.float64))) for v in laws))

@@ -207,7 +207,7 @@ class InSampleFit(NamedTuple):
     """The closure's fit to all the data: the point fit (the highest-weight form's with ``--stack``),
     the forms and their stacking summary (None without ``--stack``), the paired draws and residual
     scales (None without a posterior, or with ``--mean-only``), the posteriors' diagnostics, and
-    the coefficients of the point fit's law that sat at a bound (``point_fit_at_bound``; ``point``
+    what the data did not pin down in the point fit's law (``point_fit_at_bound``; ``point``
     then holds the posterior's median law, :func:`sdsl_jax.predict.point_for_decisions`)."""
 
     point: Any
@@ -283,7 +283,8 @@ def fit_in_sample(runs, pairs, settings: ClosureSettings, *, stack=None, stages:
                                                                      runs=runs, acceptance=pairs)
     point, at_bound = predict.point_for_decisions(point, post.laws)
     if at_bound:
-        log(f"point fit: {', '.join(at_bound)} at a bound of the fit; its curve and pick are the posterior median law's")
+        log(f"point fit: {', '.join(at_bound)} {predict.NOT_PINNED_DOWN}; its curve and pick are the posterior "
+            "median law's")
     return InSampleFit(point, None, None, predict.paired_draws(post, count=settings.propagate, seed=settings.seed), scales,
                        {k: v._asdict() for k, v in post.diagnostics.items()}, at_bound)
 

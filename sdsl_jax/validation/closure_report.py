@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sdsl_jax.predict.ranking import NOT_PINNED_DOWN
 from sdsl_jax.store import atomic_write
 from sdsl_jax.validation.closure import forecast_scores, outside_band
 from sdsl_jax.validation.closure_fits import InSampleFit
@@ -108,9 +109,8 @@ def closure_markdown(records, scores: dict, fit: InSampleFit, failed: list[str],
               f"(uniform {s['uniform_brier']:.3f}), measured best in the 90% credible set for "
               f"{s['measured_best_in_90_credible_set']} of {s['targets']}.\n")
     if fit.point_fit_at_bound:
-        table += (f"\nThe point fit's {', '.join(fit.point_fit_at_bound)} sat at a bound of the fit (zero, or beyond "
-                  "1e30 in magnitude): the point-fit columns (predicted best, N*, the curve) use the posterior's "
-                  "median law instead.\n")
+        table += (f"\nThe point fit's {', '.join(fit.point_fit_at_bound)} {NOT_PINNED_DOWN}: the point-fit "
+                  "columns (predicted best, N*, the curve) use the posterior's median law instead.\n")
     if sensitivity is not None:
         per_target = sensitivity["max_abs_change_p_best_per_target"]
         changed = sensitivity["bayes_decisions_changed"]
