@@ -729,4 +729,3 @@ def coordinates_beyond_posterior(family: LossLawFamily, theta: ArrayLike, laws: 
     width = hi - lo
     beyond = ~np.isfinite(theta) | (theta < lo - width) | (theta > hi + width)
     return tuple(name for name, off in zip(family.theta_names, beyond) if off)
-
