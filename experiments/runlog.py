@@ -234,6 +234,15 @@ class _InterruptWatcher:
             return
         self.thread = threading.Thread(target=self._watch, name="sdsl-interrupt", daemon=True)
         self.thread.start()
+        # Ctrl-C raised inside a callback Python cannot propagate from (a garbage-collection
+        # callback of JAX's while the main thread waits on a compiled call) would print as an
+        # "Exception ignored" traceback; this thread ends the command then, so say nothing.
+        self.previous_unraisable = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+
+    def _unraisable(self, unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self.previous_unraisable(unraisable)
 
     def _watch(self) -> None:
         while not self.done.is_set():
@@ -255,6 +264,8 @@ class _InterruptWatcher:
         if self.previous is None:
             return
         signal.set_wakeup_fd(self.previous)
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self.previous_unraisable
         self.writer.close()  # wakes the thread's recv
         self.thread.join(timeout=1.0)
         self.reader.close()

@@ -358,6 +358,34 @@ def test_an_unusable_compile_cache_falls_back_to_off_with_one_warning(kind, tiny
 
 # --- signals and pipes --------------------------------------------------------------------------
 
+def test_ctrl_c_caught_where_python_cannot_raise_it_prints_no_traceback(monkeypatch):
+    """Ctrl-C can land in a callback whose exception Python cannot propagate (JAX's garbage-collection
+    callback, while the main thread waits on a compiled call): Python hands it to
+    ``sys.unraisablehook``, which prints "Exception ignored" and a traceback. While the interrupt
+    watcher runs (it ends the command), KeyboardInterrupt is not handed on; other such exceptions are,
+    and the hook is restored when the watcher stops."""
+    from experiments.runlog import _InterruptWatcher
+
+    class RaisesWhenCollected:
+        def __init__(self, error):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable.exc_type))
+    watcher = _InterruptWatcher("nothing")
+    try:
+        RaisesWhenCollected(KeyboardInterrupt())
+        RaisesWhenCollected(ValueError("reported"))
+    finally:
+        watcher.stop()
+    assert reported == [ValueError]
+    RaisesWhenCollected(KeyboardInterrupt())  # the watcher stopped: handed on again
+    assert reported == [ValueError, KeyboardInterrupt]
+
+
 def test_ctrl_c_inside_nuts_ends_within_seconds_and_keeps_the_finished_stages(tmp_path):
     out = tmp_path / "out"
     # Long chains: without the interrupt watcher Ctrl-C would wait for the compiled loop to return.
