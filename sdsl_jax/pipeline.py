@@ -315,13 +315,13 @@ def run(
                                 progress_bar=progress_bar, stages=stages, log=log)
         draws = paired_draws(post)
         scales = predictive_scales(post) if predictive else None
-    # Without a posterior the report warns instead (report.add_data_checks): there is no law to replace it with.
-    at_bound = degenerate_coefficients(point.law)
     if post is not None:
         point, at_bound = point_for_decisions(point, draws[0])  # the draws behind the bands: the median they report
         if at_bound:
             log(f"loss law: the point fit's {', '.join(at_bound)} {NOT_PINNED_DOWN}; the point N* is the posterior "
                 "median law's")
+    else:  # the report warns instead (report.add_data_checks): there is no law to replace it with
+        at_bound = degenerate_coefficients(point.law)
     log(f"N*: solving {len(np.atleast_1d(m_grid)) + len(np.atleast_1d(targets))} targets at the point fit"
         + (" and for every posterior draw" if draws is not None else "") + " (compiling the solver first)")
     prediction = predict_draft_size(point, m_grid=m_grid, targets=targets, d_target=d_target, recipe=recipe,
