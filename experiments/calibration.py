@@ -30,6 +30,7 @@ are in :mod:`sdsl_jax.validation.calibration`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -308,6 +309,44 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
     return record
 
 
+_PROCESSES_FILE = "processes.json"
+
+
+def _true_processes(args, runs, pairs, process_forms, command: str) -> list:
+    """The study's true processes: read from ``<out>/processes.json`` where an earlier run (or
+    shard) of the same design, processes and seed wrote them, else fitted to the real ladder
+    (:func:`sdsl_jax.validation.misspecified.ladder_processes`) and written there, so that every
+    closure of a study, on any machine, is drawn from the same processes."""
+    from experiments.runlog import UsageError, run_header
+    from sdsl_jax.store import write_json
+    from sdsl_jax.validation.misspecified import ladder_processes, process_from_record, process_record
+
+    path = os.path.join(args.out, _PROCESSES_FILE)
+    fitted_for = dict(design=[args.design, args.acceptance_design], processes=args.processes, seed=args.seed)
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                stored = json.load(f)
+            stored_for = stored["fitted_for"]
+            processes = [process_from_record(r) for r in stored["true_processes"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise UsageError(f"{path} is not a record of true processes ({err}): remove it to fit them "
+                             "again") from None
+        if stored_for != fitted_for:
+            raise UsageError(f"{path} holds the true processes fitted for {stored_for}, not {fitted_for}: "
+                             "use another --out, or remove it to fit the processes again")
+        print(f"true processes read from {path} (fitted {stored.get('date', 'at an unknown date')}):", flush=True)
+        for p in processes:
+            print(f"  {p.name}: law {p.law}, acceptance {p.plane}", flush=True)
+        return processes
+    processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
+                                 log=lambda line: print(line, flush=True))
+    write_json(path, dict(run_header("python -m experiments.calibration", None), command=command, fitted_for=fitted_for,
+                          true_processes=[process_record(p) for p in processes]))
+    print(f"true processes written to {path}: every later run of this study draws from them", flush=True)
+    return processes
+
+
 def _misspecified(args, command: str) -> dict | None:
     """Synthetic closures from processes outside the lead form, scored against their truth; resumable.
 
@@ -319,7 +358,8 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.loss_laws import FAMILIES, prior_key
     from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
     from sdsl_jax.validation.closure_fits import ClosureSettings
-    from sdsl_jax.validation.misspecified import ladder_processes, summarize_closures, synthetic_closure
+    from sdsl_jax.validation.misspecified import (drawn_from, mean_curve_truth, summarize_closures,
+                                                  synthetic_closure)
 
     names = [f for f in args.stack.split(",") if f]
     unknown = [f for f in names if f not in FAMILIES and f not in ACCEPTANCE_MODELS]
@@ -345,8 +385,8 @@ def _misspecified(args, command: str) -> dict | None:
     shard, shards = _shard(args)
     runs, pairs = load_pretraining(args.design), load_acceptance(args.acceptance_design)
     speculative = load_speculative(args.speculative_design) if args.measured == "speculative" else None
-    processes = ladder_processes(runs, pairs, processes=process_forms, seed=args.seed,
-                                 log=lambda line: print(line, flush=True))
+    processes = _true_processes(args, runs, pairs, process_forms, command)
+    truths = [mean_curve_truth(p, runs, pairs, speculative) for p in processes]
     settings = ClosureSettings(chains=args.chains, warmup=args.warmup, draws=args.draws,
                                propagate=args.chains * args.draws, reruns=args.reruns,
                                rerun_weight=args.rerun_weight if args.reruns else None, stack_by=args.stack_by)
@@ -370,11 +410,21 @@ def _misspecified(args, command: str) -> dict | None:
     study_path = os.path.join(stages, "misspecified.jsonl")
     stage_path = study_path if shards == 1 else shard_stage_path(study_path, shard, shards)
 
-    def finished() -> dict:
-        return {unit["index"]: unit["closure"] for path in stage_files(study_path)
-                for unit in read_stage_lines(path, warn=print) if unit.get("study") == study}
+    def finished(report: bool = False) -> dict:
+        ours = [unit for path in stage_files(study_path) for unit in read_stage_lines(path, warn=print)
+                if unit.get("study") == study]
+        # A closure drawn from another fit of its process (another machine's posterior median) scored
+        # its bands against another truth: kept in the files, not counted.
+        kept = {unit["index"]: unit["closure"] for unit in ours
+                if drawn_from(unit["closure"], truths[unit["index"] % len(processes)])}
+        others = sorted({unit["index"] for unit in ours} - set(kept))
+        if report and others:
+            print(f"{len(others)} closure(s) of this study were drawn from another fit of their true process "
+                  f"(their targets' mean-curve N* differ from {_PROCESSES_FILE}'s): fitted again "
+                  f"({', '.join(str(i + 1) for i in others[:10])}{', ...' if len(others) > 10 else ''})", flush=True)
+        return kept
 
-    done, failed = finished(), []
+    done, failed = finished(report=True), []
     for i in range(args.datasets):
         if i in done or i % shards != shard:
             continue
@@ -403,15 +453,17 @@ def _misspecified(args, command: str) -> dict | None:
     closures = [done[i] for i in range(args.datasets)]
     summary = summarize_closures(closures)
     overall = summary["overall"]
+    ece = overall["p_best_expected_calibration_error"]  # None where no target has two candidates
     print(f"misspecified: {args.datasets} closures, N* 90% band coverage {overall['n_star_coverage']:.2f} "
           f"(binomial s.e. {np.sqrt(0.09 / max(overall['targets'], 1)):.3f} over {overall['targets']} targets), "
-          f"P(best) expected calibration error {overall['p_best_expected_calibration_error']:.3f} over "
+          f"P(best) expected calibration error {'n/a' if ece is None else f'{ece:.3f}'} over "
           f"{overall['p_best_forecasts']} forecasts; in {summary['closures_where_every_form_failed_its_checks']} "
           "closures every form failed its posterior checks and all were stacked", flush=True)
     groups = [(f"closures where {g}", v) for g, v in summary["by_checks"].items()]
     groups += [(f"closures with the {g} of the weight", v) for g, v in summary["by_true_family_weight"].items()]
     groups += [(f"process {g}", v) for g, v in summary["by_process"].items()]
     groups += [(f"process {g}", v) for g, v in summary["by_process_and_lead_law"].items()]
+    groups += [(f"process {g}", v) for g, v in summary["by_failed_laws"].items()]
     for group, scores in groups:
         if scores["targets"]:
             ece = scores["p_best_expected_calibration_error"]

@@ -55,6 +55,54 @@ def test_without_noise_the_synthetic_ladder_is_the_process_itself():
         assert truth["n_star_new"] == pytest.approx(want, rel=1e-9)
 
 
+def test_a_process_is_recorded_and_a_closure_is_matched_to_the_process_it_was_drawn_from():
+    from sdsl_jax.validation.misspecified import drawn_from, mean_curve_truth, process_from_record, process_record
+
+    runs, pairs, spec = design()
+    record = json.loads(json.dumps(process_record(process(1.0))))  # through JSON, as a study stores it
+    assert process_from_record(record) == process(1.0)
+    truth = mean_curve_truth(process(1.0), runs, pairs, spec)
+    # The fingerprint is the mean curve's N*: no noise scale or seed enters it.
+    assert truth == mean_curve_truth(process(2.0), runs, pairs, spec)
+    closure = dict(targets=[dict(target=t, n_star_mean=v) for t, v in
+                            synthetic_closure_data(process(1.0), runs, pairs, spec, seed=7).truth.items()
+                            for v in [v["n_star_mean"]]])
+    assert drawn_from(closure, truth)
+    # A refit of the process (here alpha 1% higher) draws closures from another truth.
+    other = process(1.0)._replace(law=LAW._replace(alpha=LAW.alpha * 1.01))
+    assert not drawn_from(closure, mean_curve_truth(other, runs, pairs, spec))
+    assert not drawn_from(dict(targets=closure["targets"][1:]), truth)  # a target missing
+    with pytest.raises(ValueError, match="unknown family"):
+        process_from_record(dict(record, family="chinchila"))
+    with pytest.raises(ValueError, match="lacks or adds a field"):
+        process_from_record(dict(record, law=dict(record["law"], gamma=1.0)))
+
+
+def test_a_study_fits_its_processes_once_and_reads_them_back(tmp_path, monkeypatch):
+    """Every run and shard of a study draws from the processes its first run fitted and wrote, not
+    from a refit (the one-break law's posterior median differs between machines)."""
+    import argparse
+
+    from experiments import calibration
+    from experiments.runlog import UsageError
+    from sdsl_jax.validation import misspecified
+
+    fits = []
+    monkeypatch.setattr(misspecified, "ladder_processes", lambda *a, **k: fits.append(1) or [process(1.0)])
+    args = argparse.Namespace(out=str(tmp_path), design="d.csv", acceptance_design="a.csv", processes="chinchilla:plane",
+                              seed=0)
+    first = calibration._true_processes(args, None, None, [("chinchilla", "plane")], "the command")
+    stored = json.loads((tmp_path / "processes.json").read_text())
+    assert stored["command"] == "the command" and stored["fitted_for"]["processes"] == "chinchilla:plane"
+    assert calibration._true_processes(args, None, None, [("chinchilla", "plane")], "again") == first == [process(1.0)]
+    assert len(fits) == 1  # read back, not fitted again
+    with pytest.raises(UsageError, match="fitted for .* use another --out"):
+        calibration._true_processes(argparse.Namespace(**dict(vars(args), seed=1)), None, None, [], "")
+    (tmp_path / "processes.json").write_text("{")
+    with pytest.raises(UsageError, match="is not a record of true processes"):
+        calibration._true_processes(args, None, None, [], "")
+
+
 def test_a_design_without_speculative_runs_is_scored_on_its_own_pairs_at_their_best_lookahead():
     """The factorial ladder has no speculative runs: each target's candidates are its top-budget
     drafts, their truth the tokens per FLOP of the synthetic pair's alpha at its best integer gamma."""
@@ -132,6 +180,10 @@ def test_summary_counts_coverage_and_left_out_forecasts():
     # The band is the highest-weight form's: chinchilla leads in both closures.
     assert out["by_process_and_lead_law"]["x, chinchilla leads"]["n_star_coverage"] == 0.5
     assert out["by_process_and_lead_law"]["y, chinchilla leads"]["targets"] == 1
+    # Which loss laws failed: x's kaplan (a law), y's none (its plane is an acceptance model).
+    assert set(out["by_failed_laws"]) == {"x, laws failing: kaplan", "y, laws failing: none"}
+    assert out["by_failed_laws"]["x, laws failing: kaplan"]["n_star_coverage"] == 0.5
+    assert out["by_failed_laws"]["y, laws failing: none"]["targets"] == 1
     closures[0]["process"] = "chinchilla + plane"
     split = summarize_closures(closures)["by_true_family_weight"]
     assert split["true family over half"]["targets"] == 2 and split["true family at most half"]["targets"] == 1
@@ -188,6 +240,17 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     assert calibration.main(args) == 0
     out = capsys.readouterr().out
     assert "closure 1/2" in out and "closure 2/2" not in out
+    # The processes were fitted once and written; a closure drawn from another fit of its process
+    # (another truth) is fitted again.
+    assert json.loads((tmp_path / "processes.json").read_text())["true_processes"][0]["family"] == "kaplan"
+    stage = tmp_path / "stages" / "misspecified-1of2.jsonl"
+    unit = json.loads(stage.read_text().splitlines()[0])
+    unit["closure"]["targets"][0]["n_star_mean"] *= 1.1
+    stage.write_text(json.dumps(unit) + "\n")
+    assert calibration.main(args) == 0
+    out = capsys.readouterr().out
+    assert "1 closure(s) of this study were drawn from another fit of their true process" in out
+    assert "closure 2/2" in out and "closure 1/2" not in out
     assert calibration.main(args + ["--shard", "2/2"]) == 2
     assert "--shard" in capsys.readouterr().err
 
@@ -255,7 +318,10 @@ def test_weights_by_size_folds_are_a_study_of_their_own(tmp_path, capsys, monkey
 
     def closure(process, runs, pairs, speculative, settings, *, stack, seed, log=None):
         calls.append(settings.stack_by)
-        return dict(committed, seed=seed)
+        # Its targets carry this process's truth: a closure drawn from another is not counted.
+        truth = misspecified.mean_curve_truth(process, runs, pairs, speculative)
+        return dict(committed, seed=seed, targets=[dict(committed["targets"][0], target=name, n_star_mean=value)
+                                                   for name, value in truth.items()])
 
     monkeypatch.setattr(misspecified, "synthetic_closure", closure)
     args = ["--only", "misspecified", "--datasets", "1", "--processes", "kaplan:plane", "--stack", "chinchilla,plane",

@@ -20,6 +20,10 @@ target). Each synthetic ladder is then closed by the whole procedure the committ
 * :class:`TrueProcess` -- a generating process: law family and coefficients, acceptance model and
   coefficients, noise scales.
 * :func:`ladder_processes` -- the default processes, their coefficients fitted to the real ladder.
+* :func:`process_record`, :func:`process_from_record` -- a process as JSON and back, so that a study
+  fits its processes once and every later run and shard draws from the same ones.
+* :func:`mean_curve_truth`, :func:`drawn_from` -- each target's mean-curve N* under a process, and
+  whether a scored closure was drawn from that process.
 * :func:`synthetic_closure_data` -- one synthetic ladder on the design, with its truth.
 * :func:`synthetic_closure` -- one synthetic ladder closed by the procedure and scored.
 * :func:`summarize_closures` -- coverage, reliability and regret over many closures.
@@ -36,8 +40,8 @@ from sdsl_jax.acceptance import ACCEPTANCE_MODELS, ResidualAcceptance, predictiv
 from sdsl_jax.costs import SDSL_FLOPS, throughput_under
 from sdsl_jax.loss_laws import FAMILIES
 
-__all__ = ["TrueProcess", "SyntheticLadder", "ladder_processes", "synthetic_closure_data", "synthetic_closure",
-           "summarize_closures"]
+__all__ = ["TrueProcess", "SyntheticLadder", "ladder_processes", "process_record", "process_from_record",
+           "mean_curve_truth", "drawn_from", "synthetic_closure_data", "synthetic_closure", "summarize_closures"]
 
 
 class TrueProcess(NamedTuple):
@@ -131,6 +135,53 @@ def ladder_processes(runs, pairs, *, processes=DEFAULT_PROCESSES, starts_every: 
                                **_LOSS_NOISE, **effects))
         log(f"true process {out[-1].name}: law {point.law}, acceptance {point.plane}")
     return out
+
+
+def process_record(process: TrueProcess) -> dict:
+    """``process`` as a JSON-ready record (:func:`process_from_record` reads it back).
+
+    A process whose law is a posterior median (:func:`ladder_processes`) is not reproducible from
+    the ladder alone: NUTS's draws differ between machines, and on the factorial ladder the
+    one-break law's median moved the smallest target's mean-curve N* by 10%. A study records its
+    processes once and draws every closure from the record."""
+    return dict(name=process.name, family=process.family,
+                law={k: float(v) for k, v in process.law._asdict().items()},
+                acceptance_model=process.acceptance_model,
+                plane={k: float(v) for k, v in process.plane._asdict().items()},
+                noise={k: float(getattr(process, k)) for k in TrueProcess._fields[5:]})
+
+
+def process_from_record(record: dict) -> TrueProcess:
+    """The :class:`TrueProcess` of a :func:`process_record`; a clear error for an unknown family or
+    acceptance model, or coefficients that are not the family's."""
+    family, model = FAMILIES.get(record.get("family")), ACCEPTANCE_MODELS.get(record.get("acceptance_model"))
+    if family is None or model is None:
+        raise ValueError(f"true process {record.get('name')!r}: unknown family {record.get('family')!r} or "
+                         f"acceptance model {record.get('acceptance_model')!r} (families {sorted(FAMILIES)}, "
+                         f"models {sorted(ACCEPTANCE_MODELS)})")
+    try:
+        law, plane = family.law_type(**record["law"]), model.params_type(**record["plane"])
+        noise = {k: float(record["noise"][k]) for k in TrueProcess._fields[5:]}
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"true process {record.get('name')!r}: its law, plane or noise lacks or adds a field "
+                         f"({err})") from None
+    return TrueProcess(record["name"], record["family"], law, record["acceptance_model"], plane, **noise)
+
+
+def mean_curve_truth(process: TrueProcess, runs, pairs, speculative) -> dict[str, float]:
+    """Each target's mean-curve N* under ``process`` on the design (``n_star_mean`` of
+    :func:`synthetic_closure_data`, which no seed or noise enters): the fingerprint of the process
+    a closure was drawn from."""
+    data = synthetic_closure_data(process, runs, pairs, speculative, seed=0)
+    return {name: t["n_star_mean"] for name, t in data.truth.items()}
+
+
+def drawn_from(closure: dict, truth: dict[str, float], *, rtol: float = 1e-6) -> bool:
+    """Whether a scored closure (:func:`synthetic_closure`) was drawn from the process whose
+    :func:`mean_curve_truth` is ``truth``: the same targets, each with the same mean-curve N*."""
+    targets = {t["target"]: t["n_star_mean"] for t in closure["targets"]}
+    return targets.keys() == truth.keys() and all(
+        np.isclose(targets[name], value, rtol=rtol, atol=0.0, equal_nan=True) for name, value in truth.items())
 
 
 def synthetic_closure_data(process: TrueProcess, runs, pairs, speculative, *, seed: int) -> SyntheticLadder:
@@ -280,7 +331,9 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
     the truth) and the median ``log(upper / lower)`` (the band's width); and the scores are split by
     whether the stacking gave the true process's loss-law family more than half the weight
     (``by_true_family_weight``), and by process and the loss-law family of the highest-weight form,
-    whose posterior the N* band is drawn from (``by_process_and_lead_law``).
+    whose posterior the N* band is drawn from (``by_process_and_lead_law``), and by which loss laws'
+    posteriors failed their checks (``by_failed_laws``): a law whose posterior fails gets no weight
+    while another passes, so a sampler's failure can decide which law's extrapolation the band is.
     """
     from sdsl_jax.forecast import reliability
 
@@ -326,6 +379,10 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
         forms = c.get("forms") or {}
         return max(forms, key=forms.get).split(" + ")[0] if forms else "no form"
 
+    def failed_laws(c: dict) -> str:
+        failed = [name for name in c.get("failed_checks", ()) if name in FAMILIES]
+        return ", ".join(failed) if failed else "none"
+
     fallback = [every_form_failed(c) for c in closures]
     leads = [true_family_leads(c) for c in closures]
     out = dict(closures=len(closures), closures_where_every_form_failed_its_checks=sum(fallback),
@@ -344,4 +401,9 @@ def summarize_closures(closures: list[dict], *, level: float = 0.9, bins: int = 
         f"{process}, {law} leads": summary([t for c in closures if (c["process"], lead_law(c)) == (process, law)
                                             for t in c["targets"]])
         for process, law in sorted({(c["process"], lead_law(c)) for c in closures})}
+    out["by_failed_laws"] = {
+        f"{process}, laws failing: {failed}": summary([t for c in closures
+                                                       if (c["process"], failed_laws(c)) == (process, failed)
+                                                       for t in c["targets"]])
+        for process, failed in sorted({(c["process"], failed_laws(c)) for c in closures})}
     return out
