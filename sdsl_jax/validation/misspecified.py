@@ -141,9 +141,10 @@ def process_record(process: TrueProcess) -> dict:
     """``process`` as a JSON-ready record (:func:`process_from_record` reads it back).
 
     A process whose law is a posterior median (:func:`ladder_processes`) is not reproducible from
-    the ladder alone: NUTS's draws differ between machines, and on the factorial ladder the
-    one-break law's median moved the smallest target's mean-curve N* by 10%. A study records its
-    processes once and draws every closure from the record."""
+    the ladder alone: NUTS's draws differ between machines, and so does a weakly identified
+    posterior's median (on the factorial ladder the one-break law's, by enough to move the smallest
+    target's mean-curve N* by 10%). A study records its processes once and draws every closure
+    from the record."""
     return dict(name=process.name, family=process.family,
                 law={k: float(v) for k, v in process.law._asdict().items()},
                 acceptance_model=process.acceptance_model,
