@@ -358,7 +358,7 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.loss_laws import FAMILIES, prior_key
     from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
     from sdsl_jax.validation.closure_fits import ClosureSettings
-    from sdsl_jax.validation.misspecified import (drawn_from, mean_curve_truth, summarize_closures,
+    from sdsl_jax.validation.misspecified import (drawn_from, mean_curve_truth, process_record, summarize_closures,
                                                   synthetic_closure)
 
     names = [f for f in args.stack.split(",") if f]
@@ -473,9 +473,7 @@ def _misspecified(args, command: str) -> dict | None:
                   + f", P(best) ECE {'n/a' if ece is None else f'{ece:.3f}'}", flush=True)
     reliability_figure(os.path.join(args.out, "misspecified_reliability.png"), summary, caption=command)
     n_star_band_figure(os.path.join(args.out, "misspecified_n_star_bands.png"), closures, caption=command)
-    return dict(study, processes=[dict(name=p.name, law=p.law._asdict(), acceptance=p.plane._asdict(),
-                                       noise={k: getattr(p, k) for k in p._fields[5:]}) for p in processes],
-                summary=summary, closures=closures)
+    return dict(study, processes=[process_record(p) for p in processes], summary=summary, closures=closures)
 
 
 if __name__ == "__main__":
