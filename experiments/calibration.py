@@ -355,7 +355,7 @@ def _misspecified(args, command: str) -> dict | None:
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining, load_speculative
     from sdsl_jax.figures import n_star_band_figure, reliability_figure
-    from sdsl_jax.loss_laws import FAMILIES, prior_key
+    from sdsl_jax.loss_laws import FAMILIES, prior_key, same_prior_key
     from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
     from sdsl_jax.validation.closure_fits import ClosureSettings
     from sdsl_jax.validation.misspecified import (drawn_from, mean_curve_truth, process_record, summarize_closures,
@@ -412,7 +412,7 @@ def _misspecified(args, command: str) -> dict | None:
 
     def finished(report: bool = False) -> dict:
         ours = [unit for path in stage_files(study_path) for unit in read_stage_lines(path, warn=print)
-                if unit.get("study") == study]
+                if same_prior_key(unit.get("study"), study)]
         # A closure drawn from another fit of its process (another machine's posterior median) scored
         # its bands against another truth: kept in the files, not counted.
         kept = {unit["index"]: unit["closure"] for unit in ours

@@ -183,8 +183,12 @@ def fit_and_predict(args, inputs: Inputs, log):
     fingerprint = dict(pretraining=content_digest(runs), acceptance=content_digest(acceptance) if acceptance else None,
                        drop=drop, starts=args.starts, chains=args.chains, warmup=args.warmup, draws=args.draws,
                        reruns=args.reruns,
-                       seed=args.seed, law=family.name, target_accept=family.target_accept,
-                       acceptance_model=acceptance_model.name, **prior_key([family]))
+                       seed=args.seed, acceptance_model=acceptance_model.name)
+
+    def form_inputs(law):
+        # Each law's stages are keyed by its own prior, never by the lead law's.
+        return dict(fingerprint, law=law.name, target_accept=law.target_accept, **prior_key([law]))
+
     # One flag for both kinds of grouped effects; None: each where its data identify it.
     run_effects = model_effects = {"auto": None, "on": True, "off": False}[args.run_effects]
     if run_effects is None and dataset.one_run_per_row and not args.pretraining:
@@ -204,7 +208,7 @@ def fit_and_predict(args, inputs: Inputs, log):
             log("posterior: " + (f"per-{' and per-'.join(sides)} model effects in the acceptance model (pairs sharing "
                                  "a model share its effect)" if sides else "acceptance pairs independent")
                 + f" ({why})")
-    stages = StageStore(args.out, resume=args.resume, inputs=fingerprint, log=log.warning)
+    stages = StageStore(args.out, resume=args.resume, inputs=form_inputs(family), log=log.warning)
     m_grid = np.linspace(args.m_min, args.m_max, args.num_targets)
     named = np.asarray(args.targets, np.float64)
     log(f"loss law: {family.name}, multi-start L-BFGS from {len(starts)} starts (compiling first)")
@@ -230,9 +234,7 @@ def fit_and_predict(args, inputs: Inputs, log):
                 retries=args.reruns, seed=args.seed, predictive=not args.mean_only, run_effects=run_effects, model_effects=model_effects,
                 weights_by=args.stack_by,
                 stages_for=lambda name: StageStore(os.path.join(args.out, "forms", name), resume=args.resume,
-                                                   inputs=dict(fingerprint, law=name,
-                                                               target_accept=FAMILIES[name].target_accept,
-                                                               **prior_key([FAMILIES[name]])),
+                                                   inputs=form_inputs(FAMILIES[name]),
                                                    log=log.warning),
                 log=log)
     grid_sol, named_sol, line = result.prediction.grid, result.prediction.named, result.prediction.linear_law

@@ -35,7 +35,8 @@ def settings_record(args, inputs: Inputs, starts: int) -> dict:
                 m_grid=[float(args.m_min), float(args.m_max), args.num_targets], starts=starts,
                 **(dict(chains=args.chains, warmup=args.warmup, draws=args.draws,
                         bands="mean curve only" if args.mean_only else "posterior-predictive",
-                        exponent_prior=dict(zip(("distribution", "low", "high"), EXPONENT_PRIOR)))
+                        **(dict(exponent_prior=dict(zip(("distribution", "low", "high"), EXPONENT_PRIOR)))
+                           if inputs.family.uses_exponent_prior else {}))
                    if args.posterior else {}))
 
 

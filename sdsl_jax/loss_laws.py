@@ -24,7 +24,9 @@ the N* solver as it is. A *family* (:class:`LossLawFamily`) says how to fit and 
   diverge at 0.9 in most refits, ``docs/benchmarks.md``).
 * ``prior_revision``: raised whenever the family's prior or the coordinates NUTS samples it in
   change, so that stored posteriors and calibration units are keyed by the prior and
-  coordinates they were sampled under (:func:`prior_key`).
+  coordinates they were sampled under (:func:`prior_key`);
+* ``uses_exponent_prior``: whether the family's prior takes :data:`EXPONENT_PRIOR` (Kaplan's law
+  has exponent priors of its own): only then does that prior enter its key.
 
 Shipped families (``FAMILIES`` maps their names to them):
 
@@ -62,6 +64,7 @@ __all__ = [
     "LossLawFamily",
     "DataCentre",
     "prior_key",
+    "same_prior_key",
     "CHINCHILLA",
     "KAPLAN",
     "BROKEN_POWER_LAW",
@@ -539,6 +542,7 @@ class LossLawFamily:
     min_budgets: int = 0
     target_accept: float = 0.9
     prior_revision: int = 0
+    uses_exponent_prior: bool = True
 
     def log_prediction(self, theta: jax.Array, log_n: jax.Array, log_d: jax.Array) -> jax.Array:
         """log L at ``theta``: the family's stable form, else ``log(law.loss(N, D))``."""
@@ -568,7 +572,7 @@ KAPLAN = LossLawFamily(
     name="kaplan", law_type=KaplanLaw, theta_names=("log_N_c", "log_D_c", "alpha_N", "alpha_D"),
     from_theta=_kaplan_from_theta, to_theta=_kaplan_to_theta, start_grid=_KAPLAN_GRID, prior=_kaplan_prior,
     log_loss=_kaplan_log_loss, description="((N_c/N)^(alpha_N/alpha_D) + D_c/D)^alpha_D (Kaplan et al. 2020)",
-    min_sizes=3, min_budgets=3)
+    min_sizes=3, min_budgets=3, uses_exponent_prior=False)
 BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
@@ -584,11 +588,28 @@ FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BR
 
 def prior_key(families) -> dict:
     """The priors of ``families`` as a part of a stored result's key (JSON-ready): the exponents'
-    prior (:data:`EXPONENT_PRIOR`) and each family's ``prior_revision`` where it has one, so a
-    posterior, closure or calibration unit sampled under other priors is never reused as this one's.
-    Revision 0 (a family's original prior) adds nothing: its key is the exponents' prior alone."""
+    prior (:data:`EXPONENT_PRIOR`) where some family uses it, and each family's ``prior_revision``
+    where it has one, so a posterior, closure or calibration unit sampled under other priors is
+    never reused as this one's. Revision 0 (a family's original prior) adds nothing; the key of
+    families that use neither (Kaplan's law; none, for an acceptance model alone) is empty."""
+    families = list(families)
     revisions = {f.name: f.prior_revision for f in families if f.prior_revision}
-    return dict(exponent_prior=list(EXPONENT_PRIOR), **(dict(prior_revisions=revisions) if revisions else {}))
+    exponents = any(f.uses_exponent_prior for f in families)
+    return dict(**(dict(exponent_prior=list(EXPONENT_PRIOR)) if exponents else {}),
+                **(dict(prior_revisions=revisions) if revisions else {}))
+
+
+def same_prior_key(stored: dict, current: dict) -> bool:
+    """Whether a stored key (a dict holding :func:`prior_key`'s fields among others) is ``current``.
+
+    Keys written before :func:`prior_key` left out the exponents' prior for families that do not
+    use it name that prior all the same; where ``current`` has none, a stored one is ignored: it
+    never entered the posterior."""
+    if isinstance(stored, dict) and isinstance(current, dict) and "exponent_prior" not in current:
+        stored = {k: v for k, v in stored.items() if k != "exponent_prior"}
+    return stored == current
+
+
 """The shipped loss-law families by name (the CLIs' ``--law`` choices)."""
 
 

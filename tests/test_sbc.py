@@ -219,16 +219,46 @@ def test_the_one_break_laws_simulated_breaks_lie_inside_the_designs_span_of_d():
 
 def test_a_study_under_a_revised_prior_is_another_study():
     """An SBC study's key names the priors and their sampling coordinates (``prior_key``): a revised
-    family's key (the one-break law's, Chinchilla's) stands apart from the exponents' prior alone,
-    which is every unrevised family's key."""
-    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, EXPONENT_PRIOR, KAPLAN, prior_key
+    family's key (the one-break law's, Chinchilla's) stands apart from an unrevised one's, and the
+    exponents' prior enters only the keys of families that use it."""
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, DATA_ONLY, EXPONENT_PRIOR, KAPLAN, prior_key
     from sdsl_jax.validation.calibration import _sampler_study
 
     settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
-    assert KAPLAN.prior_revision == 0 and prior_key([KAPLAN]) == dict(exponent_prior=list(EXPONENT_PRIOR))
+    assert KAPLAN.prior_revision == 0 and prior_key([KAPLAN]) == {} and prior_key([]) == {}
+    assert prior_key([KAPLAN, DATA_ONLY])["exponent_prior"] == list(EXPONENT_PRIOR)
     broken, chinchilla = (_sampler_study(**settings, families=(f,)) for f in (BROKEN_POWER_LAW, CHINCHILLA))
     assert broken != chinchilla and broken["prior_revisions"] == {"broken": BROKEN_POWER_LAW.prior_revision}
     assert chinchilla["prior_revisions"] == {"chinchilla": CHINCHILLA.prior_revision}
+    assert chinchilla["exponent_prior"] == list(EXPONENT_PRIOR)
+
+
+def test_a_prior_a_model_does_not_use_never_sets_its_studies_apart(tmp_path):
+    """Stage lines keyed with an exponents' prior resume a study whose models do not use that
+    prior (Kaplan's law, an acceptance model: their keys once named it all the same), whichever
+    prior they name; for a family that uses it, a line under another exponents' prior is another
+    study's."""
+    from sdsl_jax.loss_laws import CHINCHILLA, KAPLAN, same_prior_key
+    from sdsl_jax.validation.calibration import _sampler_study
+
+    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
+    kaplan, acceptance, chinchilla = (_sampler_study(**settings, families=f) for f in ((KAPLAN,), (), (CHINCHILLA,)))
+    old_prior = ["lognormal", -1.0498221244986778, 1.0]
+    for current in (kaplan, acceptance):
+        assert same_prior_key(dict(current, exponent_prior=old_prior), current)
+        assert not same_prior_key(dict(current, chains=2, exponent_prior=old_prior), current)
+    assert same_prior_key(chinchilla, chinchilla) and not same_prior_key(dict(chinchilla, exponent_prior=old_prior),
+                                                                         chinchilla)
+    assert same_prior_key(None, None) and not same_prior_key(None, kaplan)
+
+    stage = str(tmp_path / "sbc.jsonl")
+    calls = []
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=dict(kaplan, exponent_prior=old_prior))
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=kaplan)
+    assert len(calls) == 6  # resumed whole
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=dict(chinchilla, exponent_prior=old_prior))
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=chinchilla)
+    assert len(calls) == 18  # fitted again under the exponents' prior it uses
 
 
 def test_a_run_of_some_families_never_writes_over_the_whole_studys_summary():

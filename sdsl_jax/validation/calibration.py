@@ -38,7 +38,7 @@ import numpyro
 from scipy import stats
 
 from sdsl_jax.acceptance import SDSL2026
-from sdsl_jax.loss_laws import LossLaw, prior_key
+from sdsl_jax.loss_laws import LossLaw, prior_key, same_prior_key
 from sdsl_jax.store import append_stage_line, read_stage_lines, shard_stage_path, stage_files
 
 __all__ = ["RankTest", "SBCResult", "prior_datasets", "rank_of_truth", "rank_uniformity", "loss_law_sbc",
@@ -162,8 +162,8 @@ def simulation_based_calibration(
         for path in stage_files(stage_path):
             for unit in read_stage_lines(path, warn=log):
                 # The prior draws depend on their count as well as the seed: only the same study is reused.
-                if (unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"),
-                        unit.get("study")) == (seed, datasets, keep, list(sites), study):
+                if ((unit.get("seed"), unit.get("datasets"), unit.get("keep"), unit.get("sites"))
+                        == (seed, datasets, keep, list(sites)) and same_prior_key(unit.get("study"), study)):
                     done[unit["dataset"]] = unit
         return done
 
