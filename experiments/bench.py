@@ -33,6 +33,10 @@ Sections:
   accept      each acceptance model with per-draft and per-target effects on the factorial ladder's
               pairs at target acceptance 0.9 and 0.99: checks passed, divergences, steps per draw,
               ESS and time (--effect-seeds runs each).
+  warmup      where an acceptance posterior's leapfrog steps go (warm-up against draws) on the factorial
+              ladder's pairs, its coefficients scaled to their prior (shipped, chains from the prior)
+              against scaled to a least-squares fit (chains dispersed about it); --accept-models,
+              --effect-seeds.
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
               family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
@@ -56,7 +60,7 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import (bench_break_acceptance, bench_break_prior, bench_calibration,
+from experiments.benchmarks.inference import (bench_acceptance_warmup, bench_break_acceptance, bench_break_prior, bench_calibration,
                                               bench_effect_sides, bench_effects_target_accept, bench_loss_law_fit,
                                               bench_nuts_geometry, bench_nuts_reuse)
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
@@ -68,7 +72,8 @@ from experiments.runlog import command_line, run_command, write_json
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms": bench_draft_size_forms,
             "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
-            "effects": bench_effect_sides, "accept": bench_effects_target_accept, "breaks": bench_break_acceptance,
+            "effects": bench_effect_sides, "accept": bench_effects_target_accept, "warmup": bench_acceptance_warmup,
+            "breaks": bench_break_acceptance,
             "break-prior": bench_break_prior,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
@@ -136,6 +141,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_effect_sides(args.effect_seeds)
         elif name == "accept":
             results += bench_effects_target_accept(args.effect_seeds, [m for m in args.accept_models.split(",") if m])
+        elif name == "warmup":
+            results += bench_acceptance_warmup(args.effect_seeds, [m for m in args.accept_models.split(",") if m])
         elif name == "breaks":
             results += bench_break_acceptance(args.effect_seeds)
         elif name == "break-prior":
