@@ -584,6 +584,7 @@ DATA_ONLY = LossLawFamily(
     description="E + B/D^beta (no model-size term)", min_budgets=3, prior_revision=1)
 
 FAMILIES: dict[str, LossLawFamily] = {f.name: f for f in (CHINCHILLA, KAPLAN, BROKEN_POWER_LAW, DATA_ONLY)}
+"""The shipped loss-law families by name (the CLIs' ``--law`` choices)."""
 
 
 def prior_key(families) -> dict:
@@ -608,9 +609,6 @@ def same_prior_key(stored: dict, current: dict) -> bool:
     if isinstance(stored, dict) and isinstance(current, dict) and "exponent_prior" not in current:
         stored = {k: v for k, v in stored.items() if k != "exponent_prior"}
     return stored == current
-
-
-"""The shipped loss-law families by name (the CLIs' ``--law`` choices)."""
 
 
 def family_of(law) -> LossLawFamily:
