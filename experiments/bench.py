@@ -35,8 +35,8 @@ Sections:
               ESS and time (--effect-seeds runs each).
   warmup      where an acceptance posterior's leapfrog steps go (warm-up against draws) on the factorial
               ladder's pairs, its coefficients scaled to their prior (shipped, chains from the prior)
-              against scaled to a least-squares fit (chains dispersed about it); --accept-models,
-              --effect-seeds.
+              against scaled to a least-squares fit (sample_plane(coefficients="data-scaled"), chains
+              dispersed about it); --accept-models, --effect-seeds, --warmup-prior-starts.
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
               family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
                         help="the scaling section's tables, comma-separated (default: all of "
                              f"{','.join(SCALING_PARTS)})")
+    parser.add_argument("--warmup-prior-starts", action="store_true",
+                        help="the warmup section also starts the data-scaled coordinates' chains from the prior")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.scaling_parts.split(",")) - set(SCALING_PARTS))
@@ -142,7 +144,8 @@ def run_benchmarks(args, argv) -> int:
         elif name == "accept":
             results += bench_effects_target_accept(args.effect_seeds, [m for m in args.accept_models.split(",") if m])
         elif name == "warmup":
-            results += bench_acceptance_warmup(args.effect_seeds, [m for m in args.accept_models.split(",") if m])
+            results += bench_acceptance_warmup(args.effect_seeds, [m for m in args.accept_models.split(",") if m],
+                                               prior_starts=args.warmup_prior_starts)
         elif name == "breaks":
             results += bench_break_acceptance(args.effect_seeds)
         elif name == "break-prior":

@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
+    parser.add_argument("--acceptance-coefficients", choices=("prior-scaled", "data-scaled"), default="prior-scaled",
+                        help="sbc: the coordinates NUTS samples the acceptance models' coefficients in "
+                             "(sample_plane(coefficients=...); default prior-scaled, what the fits sample)")
     parser.add_argument("--acceptance-design", default="fits/ladder-v1/acceptance.csv",
                         help="sbc, misspecified: the pairs whose perplexities, weights and models the alphas are "
                              "simulated at, with per-model effects where the pairs identify them "
@@ -265,11 +268,13 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
         if effects:
             draft, _, target, _ = pairs.model_index()
             groups = dict(draft=draft, target=target, effect_sides=effects)
-        record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=list(effects))
+        record.update(acceptance_design=args.acceptance_design, acceptance_models={}, model_effects=list(effects),
+                      acceptance_coefficients=args.acceptance_coefficients)
 
         def acceptance_study(name, **kw):
             return acceptance_sbc(ACCEPTANCE_MODELS[name], pairs.ppl_draft, pairs.ppl_target,
-                                  weights=pairs.regression_weights(), **groups, **kw)
+                                  weights=pairs.regression_weights(), coefficients=args.acceptance_coefficients,
+                                  **groups, **kw)
 
         design = (f"{len(pairs.alpha)} pairs of {args.acceptance_design} (per-model effects "
                   f"{'on' if effects else 'off'}: {why})")

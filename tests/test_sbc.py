@@ -173,6 +173,25 @@ def test_every_acceptance_model_simulates_what_its_posterior_ranks(name):
     assert ((alpha >= 0) & (alpha <= 1)).all() and all(np.isfinite(v).all() for v in truths.values())
 
 
+def test_an_acceptance_study_in_data_scaled_coordinates_is_another_study(tmp_path):
+    """The coefficients' coordinates are part of an acceptance SBC study's key where they are not the
+    default, so ranks sampled in one never resume into the other; the default's key is as before."""
+    from sdsl_jax.validation.calibration import acceptance_sbc
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(8, 30, 12), rng.uniform(3, 9, 12)
+    stage = str(tmp_path / "sbc.jsonl")
+    out = acceptance_sbc(ACCEPTANCE_MODELS["plane"], x, y, datasets=1, num_chains=1, num_warmup=60, num_samples=60,
+                         retries=0, keep=9, stage_path=stage, coefficients="data-scaled")
+    assert out.ranks.shape == (1, len(PLANE_SITES)) and 0 <= out.ranks.min() and out.ranks.max() <= 9
+    keys = [json.loads(line)["study"] for line in open(stage) if line.strip()]
+    assert keys and all(k.get("coefficients") == "data-scaled" for k in keys)
+    with pytest.raises(ValueError, match="coefficients must be one of"):
+        acceptance_sbc(ACCEPTANCE_MODELS["plane"], x, y, datasets=1, num_chains=1, num_warmup=60, num_samples=60,
+                       retries=0, keep=9, stage_path=str(tmp_path / "other.jsonl"), coefficients="scaled")
+
+
 @pytest.mark.slow
 def test_loss_law_sbc_runs_nuts_on_a_ladder_design():
     """End to end on a small design (slow: one NUTS compilation; the machinery is covered above)."""

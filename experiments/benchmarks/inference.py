@@ -456,84 +456,25 @@ def bench_break_acceptance(seeds: int = 3) -> list[dict]:
     return rows
 
 
-def _data_scaled_plane_model(acceptance_model, scales, centre, unit):
-    """The shipped acceptance model with per-draft and per-target effects (non-centred), its three
-    coefficients (intercept at the mean features, the two standardised slopes) sampled as
-    ``coefficients = centre + unit * c``: the stated priors carried to ``c`` exactly (an affine map),
-    so the posterior is the shipped one in coordinates scaled to the data rather than to the prior."""
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
-
-    from sdsl_jax.infer.models import _standardised_predictor, acceptance_likelihood
-
-    m = acceptance_model
-    stated_mean = jnp.array([m.centre_prior[0], 0.0, 0.0])
-    stated_sd = jnp.array([m.centre_prior[1], m.slope_prior_sd, m.slope_prior_sd])
-    u_mean, u_std, v_mean, v_std = scales
-
-    def model(u, v, weights, draft, draft_slots, target, target_slots, alpha=None):
-        c = numpyro.sample("c", dist.Normal((stated_mean - centre) / unit, stated_sd / unit).to_event(1))
-        intercept, slope_x, slope_y = centre + unit * c
-        mean = _standardised_predictor(intercept, slope_x, slope_y, u, v, scales)
-        A = numpyro.deterministic("A", slope_x / u_std)
-        B = numpyro.deterministic("B", slope_y / v_std)
-        numpyro.deterministic("C", intercept - A * u_mean - B * v_mean)
-        sigma = numpyro.sample("sigma", dist.HalfNormal(m.sigma_prior_sd))
-        for kind, slots, index in (("draft", draft_slots, draft), ("target", target_slots, target)):
-            sd = numpyro.sample(f"{kind}_sd", dist.HalfNormal(m.effect_prior_sd))
-            with numpyro.plate(f"{kind}_models", slots.shape[0]):
-                mean = mean + sd * numpyro.sample(f"{kind}_z", dist.Normal(0.0, 1.0))[index]
-        scale = sigma / jnp.sqrt(weights / weights.mean())
-        with numpyro.plate("pairs", u.shape[0]):
-            numpyro.sample("alpha_obs", acceptance_likelihood(m, mean, scale), obs=alpha)
-
-    return model
-
-
-def _init_dispersed_around_centre(site=None, spread: float = 3.0):
-    """NumPyro init strategy: the data-scaled coefficients ``c`` from ``Normal(0, spread)`` (dispersed
-    about the least-squares point, ``spread`` of their scales), every other site from its prior."""
-    import functools
-
-    from numpyro.infer import init_to_sample
-
-    if site is None:
-        return functools.partial(_init_dispersed_around_centre, spread=spread)
-    if site["name"] == "c":
-        return spread * jax.random.normal(site["kwargs"]["rng_key"], site["fn"].shape())
-    return init_to_sample(site)
-
-
-def _least_squares_coefficients(model, u, v, scales, alpha, weights, pairs_per_model: float):
-    """The weighted least-squares intercept and standardised slopes of the link of ``alpha`` on the
-    features (no effects), and their standard errors times ``sqrt(pairs_per_model)``: pairs that share
-    a model are not independent, so the coefficients' posterior is about that much wider."""
-    u_mean, u_std, v_mean, v_std = (float(s) for s in scales)
-    x = np.stack([np.ones(len(alpha)), (np.asarray(u) - u_mean) / u_std, (np.asarray(v) - v_mean) / v_std], 1)
-    a = np.clip(np.asarray(alpha, np.float64), 1e-6, 1 - 1e-6)
-    y = np.log(a / (1 - a)) if model.link == "logit" else a
-    sw = np.sqrt(np.asarray(weights, np.float64))
-    coef, *_ = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)
-    resid = (y - x @ coef) * sw
-    cov = resid @ resid / (len(y) - 3) * np.linalg.inv((x * sw[:, None]).T @ (x * sw[:, None]))
-    return coef, np.sqrt(np.diag(cov) * pairs_per_model)
-
-
-def bench_acceptance_warmup(seeds: int = 2, models: Sequence[str] | None = None) -> list[dict]:
+def bench_acceptance_warmup(seeds: int = 2, models: Sequence[str] | None = None, *,
+                            prior_starts: bool = False) -> list[dict]:
     """Where an acceptance posterior's leapfrog steps go: each acceptance model with per-draft and
     per-target effects on the factorial ladder's pairs, 4 chains x (500 + 500) at the model's shipped
     target acceptance, ``seeds`` runs, in the shipped coordinates (coefficients scaled to their prior,
     chains from prior draws) and with the coefficients scaled to the data (least squares, chains
-    dispersed about it: :func:`_data_scaled_plane_model`): leapfrog steps in the warm-up (its first
-    100 iterations apart) and in the draws, bulk ESS, R-hat, divergences and time."""
+    ``sample_plane(..., coefficients="data-scaled")``, :func:`sdsl_jax.infer.models.coefficient_frame`),
+    chains started as ``sample_plane`` starts them (from the prior; dispersed about the least-squares
+    point, :func:`sdsl_jax.infer.models.dispersed_about_frame`), and, with ``prior_starts``, the
+    data-scaled coordinates from prior draws too: leapfrog steps in the warm-up (its first 100 iterations apart)
+    and in the draws, bulk ESS, R-hat, divergences and time."""
     import arviz as az
     import jax.numpy as jnp
-    from numpyro.infer import MCMC, NUTS, init_to_sample
+    from numpyro.infer import MCMC, NUTS
 
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance
-    from sdsl_jax.infer.models import _feature_scales
+    from sdsl_jax.infer.models import coefficient_frame, dispersed_about_frame
+    from sdsl_jax.infer.sampler import prior_starts as draw_starts
     from sdsl_jax.infer.posterior import acceptance_numpyro_model
 
     pairs = load_acceptance("fits/ladder/acceptance.csv")
@@ -544,25 +485,26 @@ def bench_acceptance_warmup(seeds: int = 2, models: Sequence[str] | None = None)
     rows = []
     for name in models or ACCEPTANCE_MODELS:
         m = ACCEPTANCE_MODELS[name]
-        shipped, args = acceptance_numpyro_model(m, pairs.ppl_draft, pairs.ppl_target, weights=weights, draft=draft,
-                                                 target=target)
-        x, y, w = args[:3]
-        u, v, scales = _feature_scales(m, x, y)
-        centre, unit = _least_squares_coefficients(m, u, v, scales, pairs.alpha, weights,
-                                                   len(pairs.alpha) / (int(np.max(draft)) + 1))
-        scaled = _data_scaled_plane_model(m, scales, jnp.asarray(centre), jnp.asarray(unit))
-        variants = {"prior-scaled (shipped)": (shipped, args, init_to_sample),
-                    "data-scaled": (scaled, (u, v, *args[2:]), _init_dispersed_around_centre())}
+        frame = coefficient_frame(m, pairs.ppl_draft, pairs.ppl_target, pairs.alpha, weights=weights,
+                                  pairs_per_model=len(pairs.alpha) / (int(np.max(draft)) + 1))
+        shipped, scaled = (acceptance_numpyro_model(m, pairs.ppl_draft, pairs.ppl_target, weights=weights,
+                                                    draft=draft, target=target, frame=f) for f in (None, frame))
+        variants = {"prior-scaled (shipped)": (*shipped, shipped[0]),
+                    "data-scaled": (*scaled, dispersed_about_frame(scaled[0]))}
+        if prior_starts:
+            variants["data-scaled, chains from the prior"] = (*scaled, scaled[0])
         result = {}
-        for variant, (model, model_args, init) in variants.items():
+        for variant, (model, model_args, start_model) in variants.items():
             runs = []
             for seed in range(seeds):
-                kernel = NUTS(model, dense_mass=True, target_accept_prob=m.effects_target_accept, init_strategy=init)
+                kernel = NUTS(model, dense_mass=True, target_accept_prob=m.effects_target_accept)
                 draws, warm_first, warm_rest, drawn, divergent, start = [], 0, 0, 0, 0, time.perf_counter()
+                starts = draw_starts(start_model, (*model_args, alpha), 4, seed)  # alpha observed, as fits start
                 for chain in range(4):
                     mcmc = MCMC(kernel, num_warmup=500, num_samples=500, num_chains=1, progress_bar=False)
                     key = jax.random.PRNGKey(1000 * seed + chain)
-                    mcmc.warmup(key, *model_args, alpha=alpha, collect_warmup=True, extra_fields=("num_steps",))
+                    mcmc.warmup(key, *model_args, alpha=alpha, collect_warmup=True, extra_fields=("num_steps",),
+                                init_params={k: v[chain] for k, v in starts.items()})
                     steps = np.asarray(mcmc.get_extra_fields()["num_steps"])
                     warm_first, warm_rest = warm_first + int(steps[:100].sum()), warm_rest + int(steps[100:].sum())
                     mcmc.run(jax.random.fold_in(key, 1), *model_args, alpha=alpha,
@@ -589,7 +531,7 @@ def bench_acceptance_warmup(seeds: int = 2, models: Sequence[str] | None = None)
         total = {k: np.median([r["warmup_steps_first_100"] + r["warmup_steps_rest"] + r["draw_steps"] for r in runs])
                  for k, runs in result.items()}
         print(f"acceptance warm-up, {name}: data-scaled coefficients take "
-              f"{total['prior-scaled (shipped)'] / total['data-scaled']:.1f}x fewer leapfrog steps (medians)", flush=True)
-        rows.append(dict(name=f"acceptance warm-up {name}", seeds=seeds, least_squares_centre=centre.tolist(),
-                         least_squares_unit=unit.tolist(), **result))
+              f"{total['prior-scaled (shipped)'] / total['data-scaled']:.2f}x fewer leapfrog steps (medians)", flush=True)
+        rows.append(dict(name=f"acceptance warm-up {name}", seeds=seeds, frame_origin=frame.origin.tolist(),
+                         frame_unit=frame.unit.tolist(), **result))
     return rows

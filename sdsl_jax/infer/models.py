@@ -16,7 +16,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import inspect
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,10 @@ __all__ = [
     "UnitTruncatedNormal",
     "acceptance_likelihood",
     "plane_model_for",
+    "COEFFICIENT_COORDINATES",
+    "CoefficientFrame",
+    "coefficient_frame",
+    "dispersed_about_frame",
     "MODEL_EFFECT_SITES",
     "EFFECT_SIDES",
     "sampled_effect_sides",
@@ -215,14 +220,105 @@ def _standardised_predictor(centre, slope_x, slope_y, u, v, scales) -> jax.Array
     return centre + slope_x * (u - u_mean) / u_std + slope_y * (v - v_mean) / v_std
 
 
-def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_target: jax.Array) -> jax.Array:
-    """Sample the acceptance model's coefficients (standardised features) and return its linear predictor."""
+COEFFICIENT_COORDINATES = ("prior-scaled", "data-scaled")
+"""The coordinates :func:`sdsl_jax.infer.posterior.sample_plane` can sample an acceptance model's
+coefficients in (:func:`coefficient_frame`)."""
+
+
+class CoefficientFrame(NamedTuple):
+    """Where and at what scale an acceptance model's coefficients are sampled, each of
+    ``(intercept at the mean features, standardised slope of u, standardised slope of v)``:
+    ``coefficients = origin + unit * c`` with ``c`` the sampled site ``coefficients_c``."""
+
+    origin: np.ndarray
+    unit: np.ndarray
+
+
+def _stated_coefficient_prior(acceptance_model: AcceptanceModel) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sd of the coefficients' stated prior, in :class:`CoefficientFrame`'s order."""
+    centre_mean, centre_sd = acceptance_model.centre_prior
+    slope_sd = acceptance_model.slope_prior_sd
+    return np.array([centre_mean, 0.0, 0.0]), np.array([centre_sd, slope_sd, slope_sd])
+
+
+def coefficient_frame(acceptance_model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike,
+                      alpha: ArrayLike, *, weights: ArrayLike | None = None,
+                      pairs_per_model: float = 1.0) -> CoefficientFrame:
+    """The data's scale of an acceptance model's coefficients: a weighted least-squares fit of the
+    link of alpha on the standardised features (no effects) and its standard errors times
+    ``sqrt(pairs_per_model)`` (pairs that share a model are not independent, so the posterior is
+    about that much wider than the least-squares errors say).
+
+    Sampling ``c`` with ``coefficients = origin + unit * c`` under the stated prior carried to ``c``
+    (an affine map, so the posterior is the same) puts the coefficients' posterior at a scale of
+    about one from NUTS's first iteration, where the stated prior's scale is tens to hundreds of
+    times the posterior's: ``python -m experiments.bench --only warmup`` measures the warm-up this
+    saves. Where the fit is not determined (three pairs or fewer, a constant feature, a perfect
+    fit) a coefficient keeps its stated prior's mean and sd.
+    """
+    u, v = (np.asarray(f, np.float64) for f in acceptance_model.features(np.asarray(ppl_draft, np.float64),
+                                                                          np.asarray(ppl_target, np.float64)))
+    (u_mean, u_std), (v_mean, v_std) = feature_scale(u), feature_scale(v)
+    x = np.stack([np.ones_like(u), (u - u_mean) / u_std, (v - v_mean) / v_std], axis=1)
+    y = np.asarray(acceptance_model.to_link(np.clip(np.asarray(alpha, np.float64), 1e-6, 1 - 1e-6)))
+    sw = np.sqrt(np.ones_like(u) if weights is None else np.asarray(weights, np.float64))
+    stated_mean, stated_sd = _stated_coefficient_prior(acceptance_model)
+    design = x * sw[:, None]
+    if len(y) <= 3 or np.linalg.matrix_rank(design) < 3:
+        return CoefficientFrame(stated_mean, stated_sd)
+    coefficients, *_ = np.linalg.lstsq(design, y * sw, rcond=None)
+    residual = (y - x @ coefficients) * sw
+    variance = residual @ residual / (len(y) - 3) * np.diag(np.linalg.inv(design.T @ design))
+    unit = np.sqrt(variance * pairs_per_model)
+    usable = np.isfinite(coefficients) & np.isfinite(unit) & (unit > 1e-9 * stated_sd)
+    return CoefficientFrame(np.where(usable, coefficients, stated_mean), np.where(usable, unit, stated_sd))
+
+
+class _DispersedAboutFrame(numpyro.primitives.Messenger):
+    def __init__(self, fn: Callable, spread: float):
+        self.spread = spread
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and msg["name"] == "coefficients_c":
+            msg["fn"] = dist.Normal(jnp.zeros(msg["fn"].event_shape), self.spread).to_event(1)
+
+
+@functools.lru_cache(maxsize=None)
+def dispersed_about_frame(model: Callable, spread: float = 3.0) -> Callable:
+    """``model`` with its data-scaled coefficients (``coefficients_c``) drawn from ``Normal(0, spread)``
+    and every other site from its prior: where chains start, not a prior. Overdispersed about the
+    least-squares point by ``spread`` of its units (Gelman and Rubin 1992): a chain started from
+    the stated prior in these coordinates begins tens to hundreds of units away, and NUTS's
+    warm-up adapts its mass matrix to that journey rather than to the posterior (``python -m
+    experiments.bench --only warmup``). The same callable for the same arguments, so the start's
+    log density is compiled once."""
+    starts = _DispersedAboutFrame(model, float(spread))
+    starts.__name__ = starts.__qualname__ = f"{getattr(model, '__name__', 'model')}[starts about the frame]"
+    return starts
+
+
+def _plane_mean(acceptance_model: AcceptanceModel, ppl_draft: jax.Array, ppl_target: jax.Array,
+                frame: CoefficientFrame | None = None) -> jax.Array:
+    """Sample the acceptance model's coefficients (standardised features) and return its linear predictor.
+
+    With a ``frame`` the coefficients are sampled as ``origin + unit * c`` (site ``coefficients_c``,
+    its prior the stated one carried through that affine map) and recorded as deterministic sites
+    of the names they are sampled under without it."""
     u, v, scales = _feature_scales(acceptance_model, ppl_draft, ppl_target)
     u_mean, u_std, v_mean, v_std = scales
-    slope_sd, (centre_mean, centre_sd) = acceptance_model.slope_prior_sd, acceptance_model.centre_prior
-    slope_x = numpyro.sample("slope_x", dist.Normal(0.0, slope_sd))
-    slope_y = numpyro.sample("slope_y", dist.Normal(0.0, slope_sd))
-    centre = numpyro.sample("centre", dist.Normal(centre_mean, centre_sd))
+    if frame is None:
+        slope_sd, (centre_mean, centre_sd) = acceptance_model.slope_prior_sd, acceptance_model.centre_prior
+        slope_x = numpyro.sample("slope_x", dist.Normal(0.0, slope_sd))
+        slope_y = numpyro.sample("slope_y", dist.Normal(0.0, slope_sd))
+        centre = numpyro.sample("centre", dist.Normal(centre_mean, centre_sd))
+    else:
+        origin, unit = frame
+        stated_mean, stated_sd = (jnp.asarray(a) for a in _stated_coefficient_prior(acceptance_model))
+        c = numpyro.sample("coefficients_c", dist.Normal((stated_mean - origin) / unit, stated_sd / unit).to_event(1))
+        centre, slope_x, slope_y = origin + unit * c
+        for site, value in (("slope_x", slope_x), ("slope_y", slope_y), ("centre", centre)):
+            numpyro.deterministic(site, value)
     A = numpyro.deterministic("A", slope_x / u_std)
     B = numpyro.deterministic("B", slope_y / v_std)
     numpyro.deterministic("C", centre - A * u_mean - B * v_mean)
@@ -271,8 +367,30 @@ def acceptance_likelihood(acceptance_model: AcceptanceModel, eta: jax.Array, sca
     return UnitTruncatedNormal(eta, scale)
 
 
+def _check_coefficients(coefficients: str) -> None:
+    if coefficients not in COEFFICIENT_COORDINATES:
+        raise ValueError(f"coefficients must be one of {', '.join(COEFFICIENT_COORDINATES)}, got {coefficients!r}")
+
+
+def _with_coefficient_frame(body: Callable, coefficients: str) -> Callable:
+    """``body(*design, frame, alpha)`` as a NumPyro model: ``model(*design, alpha=None)`` for the
+    prior-scaled coefficients, ``model(*design, origin, unit, alpha=None)`` for the data-scaled ones
+    (the frame is data, not a constant of the compiled program)."""
+    _check_coefficients(coefficients)
+    design_count = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in inspect.signature(body).parameters.values())
+    frame_count = 0 if coefficients == "prior-scaled" else 2
+
+    def model(*args, alpha=None):
+        if len(args) == design_count + frame_count + 1:  # alpha given positionally, as NUTS passes it
+            *args, alpha = args
+        design, frame = args[:design_count], args[design_count:]
+        return body(*design, frame=CoefficientFrame(*frame) if frame_count else None, alpha=alpha)
+
+    return model
+
+
 @functools.lru_cache(maxsize=None)
-def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
+def plane_model_for(acceptance_model: AcceptanceModel, coefficients: str = "prior-scaled") -> Callable:
     """The NumPyro model of an acceptance model ``eta = A u + B v + C`` with weighted noise.
 
     The features are standardised inside the model (NUTS mixes far better) and A, B, C are
@@ -281,16 +399,21 @@ def plane_model_for(acceptance_model: AcceptanceModel) -> Callable:
     one-standard-deviation change of a feature moves alpha by less than 0.5 at 68%: alpha lives in
     (0, 1)); the intercept at the mean features ``Normal(0.5, 0.5)``; ``sigma ~ HalfNormal(0.2)``
     for a row of average weight. The likelihood is :func:`acceptance_likelihood`.
+
+    ``coefficients="data-scaled"`` samples the same model with the coefficients in a
+    :class:`CoefficientFrame` passed after the design (``model(ppl_draft, ppl_target, weights,
+    origin, unit, alpha)``).
     """
 
-    def model(ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, alpha: jax.Array | None = None) -> None:
-        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
+    def body(ppl_draft: jax.Array, ppl_target: jax.Array, weights: jax.Array, *, frame, alpha) -> None:
+        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target, frame)
         sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
             numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
 
-    model.__name__ = model.__qualname__ = f"plane_model[{acceptance_model.name}]"
+    model = _with_coefficient_frame(body, coefficients)
+    model.__name__ = model.__qualname__ = f"plane_model[{acceptance_model.name}, {coefficients}]"
     return model
 
 
@@ -322,7 +445,8 @@ def sampled_effect_sides(samples: dict) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def model_effects_plane_model_for(acceptance_model: AcceptanceModel, sides: tuple[str, ...] = EFFECT_SIDES) -> Callable:
+def model_effects_plane_model_for(acceptance_model: AcceptanceModel, sides: tuple[str, ...] = EFFECT_SIDES,
+                                  coefficients: str = "prior-scaled") -> Callable:
     """The acceptance model with a random effect per draft model and per target model (crossed).
 
     Pairs that share a model are not independent: a draft that agrees with its targets more than
@@ -346,7 +470,8 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel, sides: tupl
 
     Arguments: ``ppl_draft, ppl_target, weights`` per pair, ``draft`` and ``target`` (integer model
     of each pair), ``draft_slots`` and ``target_slots`` (arrays whose lengths are the numbers of
-    models: shapes must be static under ``jit``), ``alpha``.
+    models: shapes must be static under ``jit``), ``alpha``; with ``coefficients="data-scaled"`` the
+    :class:`CoefficientFrame`'s ``origin, unit`` after ``target_slots`` (as :func:`plane_model_for`).
     """
     unknown = set(sides) - set(EFFECT_SIDES)
     if unknown or not sides:
@@ -362,15 +487,17 @@ def model_effects_plane_model_for(acceptance_model: AcceptanceModel, sides: tupl
             z = numpyro.sample(f"{kind}_z", dist.Normal(0.0, 1.0))
         return sd * z[index]
 
-    def model(ppl_draft, ppl_target, weights, draft, draft_slots, target, target_slots, alpha=None) -> None:
-        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target)
+    def body(ppl_draft, ppl_target, weights, draft, draft_slots, target, target_slots, *, frame, alpha) -> None:
+        mean = _plane_mean(acceptance_model, ppl_draft, ppl_target, frame)
         sigma = numpyro.sample("sigma", dist.HalfNormal(acceptance_model.sigma_prior_sd))
         mean = mean + effects("draft", draft_slots, draft) + effects("target", target_slots, target)
         scale = sigma / jnp.sqrt(weights / weights.mean())
         with numpyro.plate("pairs", ppl_draft.shape[0]):
             numpyro.sample("alpha_obs", acceptance_likelihood(acceptance_model, mean, scale), obs=alpha)
 
-    model.__name__ = model.__qualname__ = f"model_effects_plane_model[{acceptance_model.name}, {'+'.join(sides)}]"
+    model = _with_coefficient_frame(body, coefficients)
+    model.__name__ = model.__qualname__ = (f"model_effects_plane_model[{acceptance_model.name}, {'+'.join(sides)}, "
+                                           f"{coefficients}]")
     return model
 
 

@@ -20,9 +20,11 @@ import numpyro.util
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
-from sdsl_jax.infer.models import (EFFECT_SIDES, PLANE_SITES, effect_basis, effect_scale_sites, effect_sides_of,
-                                   feature_scale, loss_law_model_for, loss_law_sites, model_effects_plane_model_for,
-                                   plane_model_for, projected_effects_plane_model_for, run_effects_model_for, widened_priors)
+from sdsl_jax.infer.models import (COEFFICIENT_COORDINATES, EFFECT_SIDES, PLANE_SITES, CoefficientFrame,
+                                   coefficient_frame, dispersed_about_frame, effect_basis, effect_scale_sites,
+                                   effect_sides_of, feature_scale, loss_law_model_for, loss_law_sites,
+                                   model_effects_plane_model_for, plane_model_for, projected_effects_plane_model_for,
+                                   run_effects_model_for, widened_priors)
 from sdsl_jax.infer.sampler import PosteriorRun, az, prior_starts, run_nuts
 from sdsl_jax.loss_laws import CHINCHILLA, DataCentre, LossLawFamily
 
@@ -120,12 +122,15 @@ def sample_loss_law(
 
 def _sample_checked(model: Callable, args: tuple, *, var_names, dense_mass: bool, target_accept: float,
                     num_chains: int, num_warmup: int, num_samples: int, seed: int, retries: int,
-                    progress_bar: bool, summarize: bool, progress, prior_width: float = 1.0) -> PosteriorRun:
-    """NUTS on ``model(*args)`` from prior starts, rerun while its checks fail (:func:`rerun_until_checked`)."""
+                    progress_bar: bool, summarize: bool, progress, prior_width: float = 1.0,
+                    starts: Callable[[Callable], Callable] | None = None) -> PosteriorRun:
+    """NUTS on ``model(*args)`` from prior starts (or from ``starts(model)``'s draws), rerun while its
+    checks fail (:func:`rerun_until_checked`)."""
     model = widened_priors(model, prior_width)
+    start_model = model if starts is None else starts(model)
 
     def attempt(warmup, draws, accept, attempt_seed):
-        return run_nuts(model, args, init_params=prior_starts(model, args, num_chains, attempt_seed),
+        return run_nuts(model, args, init_params=prior_starts(start_model, args, num_chains, attempt_seed),
                         var_names=var_names, num_chains=num_chains, num_warmup=warmup, num_samples=draws,
                         seed=attempt_seed, progress_bar=progress_bar, target_accept=accept, summarize=summarize,
                         dense_mass=dense_mass, progress=progress)
@@ -273,6 +278,7 @@ def sample_plane(
     prior_width: float = 1.0,
     effects: str = "non-centred",
     effect_sides: tuple[str, ...] = EFFECT_SIDES,
+    coefficients: str = "prior-scaled",
 ) -> PosteriorRun:
     """NUTS posterior of an acceptance model (see :func:`plane_model_for`), every chain started
     from the prior; ``summarize``, ``progress``, ``retries`` and ``prior_width`` as in
@@ -294,9 +300,26 @@ def sample_plane(
     (``python -m experiments.bench --only geometry``). ``effect_sides``: the kinds of model that get
     effects (``("draft",)`` where the targets are too few,
     :meth:`sdsl_jax.data.AcceptanceMeasurements.model_effects_identified`); non-centred only.
+
+    ``coefficients`` chooses the coordinates of the intercept and the two slopes: ``"prior-scaled"``
+    (standardised features, each coefficient a site with its stated prior) or ``"data-scaled"``, the
+    same prior and posterior with the coefficients sampled about their least-squares fit in units
+    of its standard errors (:func:`~sdsl_jax.infer.models.coefficient_frame`; not with projected
+    effects), each chain started with its coefficients from ``Normal(0, 3)`` in those units and its
+    other sites from their priors (:func:`~sdsl_jax.infer.models.dispersed_about_frame`).
     """
+    if coefficients not in COEFFICIENT_COORDINATES:
+        raise ValueError(f"coefficients must be one of {', '.join(COEFFICIENT_COORDINATES)}, got {coefficients!r}")
+    frame = None
+    if coefficients == "data-scaled":
+        if effects != "non-centred" and draft is not None:
+            raise ValueError("coefficients='data-scaled' samples non-centred effects; use effects='non-centred'")
+        drafts = 1 if draft is None else len(np.unique(np.asarray(draft)))
+        frame = coefficient_frame(model, ppl_draft, ppl_target, alpha, weights=weights,
+                                  pairs_per_model=np.size(alpha) / drafts)
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
-                                                   target=target, effects=effects, effect_sides=effect_sides)
+                                                   target=target, effects=effects, effect_sides=effect_sides,
+                                                   frame=frame)
     a = jnp.asarray(alpha, jnp.float64)
     var_names, dense = (PLANE_SITES, False) if draft is None else (
         PLANE_SITES + effect_scale_sites(effect_sides), True)
@@ -305,30 +328,38 @@ def sample_plane(
                                model.effects_target_accept if dense else 0.9),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
                            retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress,
-                           prior_width=prior_width)
+                           prior_width=prior_width, starts=None if frame is None else dispersed_about_frame)
 
 
 def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike, *,
                              weights: ArrayLike | None = None, draft: ArrayLike | None = None,
                              target: ArrayLike | None = None, effects: str = "non-centred",
-                             effect_sides: tuple[str, ...] = EFFECT_SIDES) -> tuple[Callable, tuple]:
+                             effect_sides: tuple[str, ...] = EFFECT_SIDES,
+                             frame: CoefficientFrame | None = None) -> tuple[Callable, tuple]:
     """The NumPyro model :func:`sample_plane` samples for these pairs, and its arguments before the
-    observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods."""
+    observed ``alpha``: the design, for prior-predictive simulation (calibration) and likelihoods.
+    A ``frame`` (:func:`~sdsl_jax.infer.models.coefficient_frame`) samples the coefficients scaled to
+    it, its origin and unit the last two arguments."""
     if effects not in EFFECT_PARAMETRISATIONS:
         raise ValueError(f"effects must be one of {', '.join(EFFECT_PARAMETRISATIONS)}, got {effects!r}")
     x, y = (jnp.asarray(v, jnp.float64) for v in (ppl_draft, ppl_target))
     w = jnp.ones_like(x) if weights is None else jnp.asarray(weights, jnp.float64)
     if (draft is None) != (target is None):
         raise ValueError("give both draft and target (one integer model per pair), or neither")
+    coefficients, scaled = ("prior-scaled", ()) if frame is None else (
+        "data-scaled", tuple(jnp.asarray(a, jnp.float64) for a in frame))
     if draft is None:
-        return plane_model_for(model), (x, y, w)
+        return plane_model_for(model, coefficients), (x, y, w, *scaled)
     indices = [_group_index(index, np.shape(ppl_draft), f"{name} must hold one non-negative integer per pair "
                                                         "(AcceptanceMeasurements.model_index())")
                for name, index in (("draft", draft), ("target", target))]
     effect_sides = effect_sides_of(effect_sides)
     if effects == "non-centred":
         groups = [(jnp.asarray(index), jnp.zeros(int(index.max(initial=-1)) + 1)) for index in indices]
-        return model_effects_plane_model_for(model, effect_sides), (x, y, w, *groups[0], *groups[1])
+        return model_effects_plane_model_for(model, effect_sides, coefficients), (x, y, w, *groups[0], *groups[1],
+                                                                                  *scaled)
+    if frame is not None:
+        raise ValueError("a coefficient frame samples non-centred effects; use effects='non-centred'")
     if effect_sides != EFFECT_SIDES:
         raise ValueError(f"projected effects need both kinds of model, got effect_sides={effect_sides!r}; "
                          "use effects='non-centred'")

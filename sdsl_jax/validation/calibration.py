@@ -237,13 +237,15 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
                    effect_sides: tuple[str, ...] = ("draft", "target"), datasets: int, seed: int = 0,
                    num_chains: int = 4, num_warmup: int = 500, num_samples: int = 500, retries: int = 2,
                    keep: int = 99, bins: int = 10, stage_path: str | None = None, shard: tuple[int, int] = (0, 1),
-                   log: Callable[[str], None] | None = None) -> SBCResult | None:
+                   log: Callable[[str], None] | None = None, coefficients: str = "prior-scaled") -> SBCResult | None:
     """SBC of an acceptance model's posterior (:func:`sdsl_jax.infer.sample_plane`) on a design of pairs.
 
     The design is the pairs' perplexities and weights and, with ``draft`` and ``target`` (an integer
     model per pair), the per-model effects of the kinds in ``effect_sides`` that the ladder's fits
     use; the alphas are simulated from the model there. The coefficients A, B, C, the residual scale
-    and the effects' scales are ranked. The sampler's settings and ``shard`` as in :func:`loss_law_sbc`.
+    and the effects' scales are ranked. The sampler's settings and ``shard`` as in :func:`loss_law_sbc`;
+    ``coefficients``, the coordinates NUTS samples the coefficients in (:func:`sample_plane`), is part
+    of the study's key where it is not the default.
     """
     from sdsl_jax.infer.models import PLANE_SITES, effect_scale_sites
     from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
@@ -255,11 +257,13 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
     def fit(alpha, fit_seed):
         out = sample_plane(ppl_draft, ppl_target, alpha, weights=weights, model=model, num_chains=num_chains,
                            num_warmup=num_warmup, num_samples=num_samples, seed=fit_seed, progress_bar=False,
-                           retries=retries, **groups)
+                           retries=retries, coefficients=coefficients, **groups)
         return out.samples, out.diagnostics.problems
 
     sites = PLANE_SITES + (effect_scale_sites(effect_sides) if draft is not None else ())
     study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries)
+    if coefficients != "prior-scaled":  # the studies sampled before the option keep their key
+        study["coefficients"] = coefficients
     return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
                                         datasets=datasets, seed=seed, keep=keep, bins=bins, stage_path=stage_path,
                                         study=study, shard=shard, log=log)
