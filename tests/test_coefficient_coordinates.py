@@ -76,7 +76,7 @@ def test_data_scaled_coefficients_carry_the_stated_prior_and_its_widening():
     frame = coefficient_frame(PLANE, x, y, alpha, pairs_per_model=4.0)
     assert np.all(np.abs(frame.origin - np.array([0.5, 0.0, 0.0])) > 2 * frame.unit)  # far from the prior's centre
     model, args = acceptance_numpyro_model(PLANE, x, y, draft=di, target=ti, frame=frame)
-    n = 20000
+    n = 8000
     for factor in (1.0, 2.0):
         draws = numpyro.infer.Predictive(widened_priors(model, factor), num_samples=n)(jax.random.PRNGKey(0), *args)
         coef = np.column_stack([draws["centre"], draws["slope_x"], draws["slope_y"]])

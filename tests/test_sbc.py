@@ -173,23 +173,36 @@ def test_every_acceptance_model_simulates_what_its_posterior_ranks(name):
     assert ((alpha >= 0) & (alpha <= 1)).all() and all(np.isfinite(v).all() for v in truths.values())
 
 
-def test_an_acceptance_study_in_data_scaled_coordinates_is_another_study(tmp_path):
-    """The coefficients' coordinates are part of an acceptance SBC study's key where they are not the
-    default, so ranks sampled in one never resume into the other; the default's key is as before."""
+def test_an_acceptance_study_in_data_scaled_coordinates_is_another_study(tmp_path, monkeypatch):
+    """The coefficients' coordinates reach the sampler and are part of an acceptance SBC study's key
+    where they are not the default, so ranks sampled in one never resume into the other; the
+    default's key is as before (the sampler is replaced by one returning prior-free draws: what is
+    checked is the wiring, not NUTS)."""
+    import types
+
+    import sdsl_jax.infer.posterior as posterior
     from sdsl_jax.validation.calibration import acceptance_sbc
 
-    jax.config.update("jax_enable_x64", True)
+    seen = []
+
+    def sampler(*args, coefficients="prior-scaled", **kw):
+        seen.append(coefficients)
+        draws = {site: np.linspace(-1.0, 1.0, 99) for site in PLANE_SITES}
+        return types.SimpleNamespace(samples=draws, diagnostics=types.SimpleNamespace(problems=()))
+
+    monkeypatch.setattr(posterior, "sample_plane", sampler)
     rng = np.random.default_rng(0)
     x, y = rng.uniform(8, 30, 12), rng.uniform(3, 9, 12)
-    stage = str(tmp_path / "sbc.jsonl")
-    out = acceptance_sbc(ACCEPTANCE_MODELS["plane"], x, y, datasets=1, num_chains=1, num_warmup=60, num_samples=60,
-                         retries=0, keep=9, stage_path=stage, coefficients="data-scaled")
-    assert out.ranks.shape == (1, len(PLANE_SITES)) and 0 <= out.ranks.min() and out.ranks.max() <= 9
-    keys = [json.loads(line)["study"] for line in open(stage) if line.strip()]
-    assert keys and all(k.get("coefficients") == "data-scaled" for k in keys)
-    with pytest.raises(ValueError, match="coefficients must be one of"):
-        acceptance_sbc(ACCEPTANCE_MODELS["plane"], x, y, datasets=1, num_chains=1, num_warmup=60, num_samples=60,
-                       retries=0, keep=9, stage_path=str(tmp_path / "other.jsonl"), coefficients="scaled")
+    keys = {}
+    for coefficients in ("data-scaled", "prior-scaled"):
+        stage = str(tmp_path / f"{coefficients}.jsonl")
+        out = acceptance_sbc(ACCEPTANCE_MODELS["plane"], x, y, datasets=2, keep=9, stage_path=stage,
+                             coefficients=coefficients)
+        assert out.ranks.shape == (2, len(PLANE_SITES))
+        keys[coefficients] = [json.loads(line)["study"] for line in open(stage) if line.strip()]
+    assert seen == ["data-scaled"] * 2 + ["prior-scaled"] * 2
+    assert all(k.get("coefficients") == "data-scaled" for k in keys["data-scaled"])
+    assert all("coefficients" not in k for k in keys["prior-scaled"])
 
 
 @pytest.mark.slow
