@@ -49,6 +49,7 @@ __all__ = [
     "COEFFICIENT_COORDINATES",
     "CoefficientFrame",
     "coefficient_frame",
+    "check_coefficient_coordinates",
     "dispersed_about_frame",
     "MODEL_EFFECT_SITES",
     "EFFECT_SIDES",
@@ -367,7 +368,8 @@ def acceptance_likelihood(acceptance_model: AcceptanceModel, eta: jax.Array, sca
     return UnitTruncatedNormal(eta, scale)
 
 
-def _check_coefficients(coefficients: str) -> None:
+def check_coefficient_coordinates(coefficients: str) -> None:
+    """Refuse a ``coefficients`` choice that is not one of :data:`COEFFICIENT_COORDINATES`."""
     if coefficients not in COEFFICIENT_COORDINATES:
         raise ValueError(f"coefficients must be one of {', '.join(COEFFICIENT_COORDINATES)}, got {coefficients!r}")
 
@@ -376,7 +378,7 @@ def _with_coefficient_frame(body: Callable, coefficients: str) -> Callable:
     """``body(*design, frame, alpha)`` as a NumPyro model: ``model(*design, alpha=None)`` for the
     prior-scaled coefficients, ``model(*design, origin, unit, alpha=None)`` for the data-scaled ones
     (the frame is data, not a constant of the compiled program)."""
-    _check_coefficients(coefficients)
+    check_coefficient_coordinates(coefficients)
     design_count = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in inspect.signature(body).parameters.values())
     frame_count = 0 if coefficients == "prior-scaled" else 2
 

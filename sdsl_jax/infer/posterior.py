@@ -20,7 +20,7 @@ import numpyro.util
 from jax.typing import ArrayLike
 
 from sdsl_jax.acceptance import PLANE, AcceptanceModel
-from sdsl_jax.infer.models import (COEFFICIENT_COORDINATES, EFFECT_SIDES, PLANE_SITES, CoefficientFrame,
+from sdsl_jax.infer.models import (EFFECT_SIDES, PLANE_SITES, CoefficientFrame, check_coefficient_coordinates,
                                    coefficient_frame, dispersed_about_frame, effect_basis, effect_scale_sites,
                                    effect_sides_of, feature_scale, loss_law_model_for, loss_law_sites,
                                    model_effects_plane_model_for, plane_model_for, projected_effects_plane_model_for,
@@ -308,8 +308,7 @@ def sample_plane(
     effects), each chain started with its coefficients from ``Normal(0, 3)`` in those units and its
     other sites from their priors (:func:`~sdsl_jax.infer.models.dispersed_about_frame`).
     """
-    if coefficients not in COEFFICIENT_COORDINATES:
-        raise ValueError(f"coefficients must be one of {', '.join(COEFFICIENT_COORDINATES)}, got {coefficients!r}")
+    check_coefficient_coordinates(coefficients)
     frame = None
     if coefficients == "data-scaled":
         if effects != "non-centred" and draft is not None:
