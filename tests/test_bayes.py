@@ -447,6 +447,6 @@ def test_the_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior(
         assert y[0] == pytest.approx(np.logaddexp.reduce(np.asarray(x)), rel=1e-12)
         np.testing.assert_allclose(y[1:], [value[t] - value["e"] + np.log(value[k]) for t, k in zip(terms, exponents)],
                                    rtol=1e-12, atol=1e-12)
-    draws = numpyro.infer.Predictive(family.prior, num_samples=4000)(jax.random.PRNGKey(1), centre)
+    draws = numpyro.infer.Predictive(family.prior, num_samples=4000, parallel=True)(jax.random.PRNGKey(1), centre)
     for name, normal in stated_normals.items():
         assert stats.kstest(np.asarray(draws[name]), normal.cdf).pvalue > 1e-3, name

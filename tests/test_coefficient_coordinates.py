@@ -78,7 +78,8 @@ def test_data_scaled_coefficients_carry_the_stated_prior_and_its_widening():
     model, args = acceptance_numpyro_model(PLANE, x, y, draft=di, target=ti, frame=frame)
     n = 8000
     for factor in (1.0, 2.0):
-        draws = numpyro.infer.Predictive(widened_priors(model, factor), num_samples=n)(jax.random.PRNGKey(0), *args)
+        draws = numpyro.infer.Predictive(widened_priors(model, factor), num_samples=n, parallel=True)(
+            jax.random.PRNGKey(0), *args)
         coef = np.column_stack([draws["centre"], draws["slope_x"], draws["slope_y"]])
         sd = factor * np.array([0.5, 0.5, 0.5])
         assert np.all(np.abs(coef.mean(0) - np.array([0.5, 0.0, 0.0])) < 5 * sd / np.sqrt(n))
@@ -91,7 +92,7 @@ def test_data_scaled_draws_give_the_prior_scaled_likelihood():
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(2), drafts=6, targets=4)
     frame = coefficient_frame(PLANE, x, y, alpha, pairs_per_model=4.0)
     model, args = acceptance_numpyro_model(PLANE, x, y, draft=di, target=ti, frame=frame)
-    draws = numpyro.infer.Predictive(model, num_samples=40)(jax.random.PRNGKey(3), *args)
+    draws = numpyro.infer.Predictive(model, num_samples=40, parallel=True)(jax.random.PRNGKey(3), *args)
     draws.pop("alpha_obs")
     via_shipped = infer.acceptance_pointwise_log_likelihood(draws, PLANE, x, y, alpha, draft=di, target=ti)
     with jax.numpy_dtype_promotion("standard"):
@@ -150,8 +151,8 @@ def test_chains_start_dispersed_about_the_frame():
     model, args = acceptance_numpyro_model(PLANE, x, y, draft=di, target=ti, frame=frame)
     starts_model = dispersed_about_frame(model)
     assert dispersed_about_frame(model) is starts_model  # compiled once
-    draws = numpyro.infer.Predictive(starts_model, num_samples=4000)(jax.random.PRNGKey(0), *args)
-    stated = numpyro.infer.Predictive(model, num_samples=4000)(jax.random.PRNGKey(1), *args)
+    draws = numpyro.infer.Predictive(starts_model, num_samples=4000, parallel=True)(jax.random.PRNGKey(0), *args)
+    stated = numpyro.infer.Predictive(model, num_samples=4000, parallel=True)(jax.random.PRNGKey(1), *args)
     c = np.asarray(draws["coefficients_c"])
     assert c.shape == (4000, 3)
     assert np.all(np.abs(c.mean(0)) < 5 * 3.0 / np.sqrt(4000)) and np.allclose(c.std(0), 3.0, rtol=0.05)

@@ -212,14 +212,16 @@ def test_a_form_whose_posterior_on_all_the_data_failed_gets_no_size_fold_weight(
 
 
 def _saturating_pairs(seed=0):
-    """Every (draft, target) pair of six model sizes, acceptance from a logit plane (it saturates: no
-    plane on raw perplexities follows it across sizes), with a little noise."""
+    """Four draft sizes each paired with three larger targets, acceptance from a logit plane (it
+    saturates: no plane on raw perplexities follows it across sizes), with a little noise. Every
+    draft size has as many pairs, so every fold that leaves one out fits data of one shape (one
+    compiled sampler per model)."""
     from sdsl_jax import LogitPlane
     from sdsl_jax.data import AcceptanceMeasurements
 
-    sizes = np.geomspace(1e6, 1e9, 6)
+    sizes = np.geomspace(1e6, 1e9, 7)
     ppl = 2.0 + 30.0 * (sizes / 1e6) ** -0.25
-    pairs = [(i, j) for j in range(len(sizes)) for i in range(j)]
+    pairs = [(i, j) for j in range(4, 7) for i in range(4)]
     x, y = ppl[[i for i, _ in pairs]], ppl[[j for _, j in pairs]]
     alpha = np.asarray(LogitPlane(-0.5, 0.6, 3.0).rate(x, y))
     alpha = np.clip(alpha + np.random.default_rng(seed).normal(0.0, 0.005, alpha.size), 0.01, 0.99)

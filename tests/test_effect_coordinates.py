@@ -41,7 +41,7 @@ def _design(effects):
 
 
 def _prior_draws(model, args, n, seed):
-    draws = numpyro.infer.Predictive(model, num_samples=n)(jax.random.PRNGKey(seed), *args)
+    draws = numpyro.infer.Predictive(model, num_samples=n, parallel=True)(jax.random.PRNGKey(seed), *args)
     return np.column_stack([draws["A"], draws["B"], draws["C"], draws["draft_sd"], draws["target_sd"],
                             draws["draft_sd"][:, None] * draws["draft_z"],
                             draws["target_sd"][:, None] * draws["target_z"]])
@@ -70,7 +70,7 @@ def test_projected_draws_give_the_non_centred_likelihood():
     # Deterministic sites carry the non-centred model's meaning: its likelihood of the projected
     # draws equals the projected model's own.
     model, args, alpha = _design("projected")
-    draws = numpyro.infer.Predictive(model, num_samples=50)(jax.random.PRNGKey(2), *args)
+    draws = numpyro.infer.Predictive(model, num_samples=50, parallel=True)(jax.random.PRNGKey(2), *args)
     draws.pop("alpha_obs")
     x, y, _, di, ti = _crossed_pairs(np.random.default_rng(1), drafts=6, targets=4)
     via_old = infer.acceptance_pointwise_log_likelihood(draws, PLANE, x, y, alpha, weights=np.linspace(1, 2, x.size),

@@ -190,7 +190,7 @@ def test_acceptance_pointwise_log_likelihood_matches_the_truncated_normal_densit
 
     def draws(model, *args):  # prior draws of every site (any draws will do for a likelihood check)
         with jax.numpy_dtype_promotion("standard"):
-            out = Predictive(model, num_samples=20)(jax.random.PRNGKey(0), *args)
+            out = Predictive(model, num_samples=20, parallel=True)(jax.random.PRNGKey(0), *args)
         return {k: np.asarray(v) for k, v in out.items() if k != "alpha_obs"}
 
     plane = draws(infer.plane_model_for(SDSL2026_MODEL), x, y, w)

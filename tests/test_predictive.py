@@ -96,7 +96,8 @@ def test_identification_flags_what_the_data_leave_to_the_prior():
     rng = np.random.default_rng(0)
     centre = dict(centre_log_n=np.asarray(13.0), centre_log_d=np.asarray(15.0))
     # A "posterior" that is the prior: nothing identified.
-    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000)(jax.random.PRNGKey(1), DataCentre(13.0, 15.0))
+    draws = numpyro.infer.Predictive(CHINCHILLA.prior, num_samples=4000, parallel=True)(jax.random.PRNGKey(1),
+                                                                                       DataCentre(13.0, 15.0))
     sites = ("a_ref", "b_ref", "e", "alpha", "beta")
     as_prior = {n: np.asarray(draws[n]).reshape(-1) for n in sites} | centre
     result = infer.identification(as_prior, CHINCHILLA)

@@ -228,7 +228,8 @@ def identification(samples: dict[str, np.ndarray], family: LossLawFamily, *, num
     (``samples["centre_log_n"]``, ``samples["centre_log_d"]``).
     """
     centre = DataCentre(*(float(np.asarray(samples.get(k, np.nan))) for k in DATA_CENTRE_KEYS))
-    draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior)(jax.random.PRNGKey(seed), centre)
+    draws = numpyro.infer.Predictive(family.prior, num_samples=num_prior, parallel=True)(jax.random.PRNGKey(seed),
+                                                                                        centre)
     names = _prior_sites(family, centre)
     prior = np.stack([np.asarray(draws[n]).reshape(-1) for n in names], axis=1)
     post = np.stack([np.asarray(samples[n]).reshape(-1) for n in names], axis=1)
