@@ -56,7 +56,7 @@ SPECULATIVE_DEFAULTS = {
     # gamma up to 10: the law's gamma* for the largest target's drafts is 5.5-6, the top of the grid
     # the committed fits/ladder-v1/speculative.csv was measured on (1, 2, 4, 6).
     "real": dict(gammas="1,2,4,6,8,10", prompts=32, prompt_len=48, new_tokens=64, timing_prompts=4, repeats=7),
-    "micro": dict(gammas="1,3", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
+    "micro": dict(gammas="2", prompts=4, prompt_len=16, new_tokens=24, timing_prompts=2, repeats=3),
 }
 SPECULATIVE_DEFAULTS["factorial"] = SPECULATIVE_DEFAULTS["real"]  # the same shapes, every one at five budgets
 
@@ -156,7 +156,7 @@ def parse_args(argv):
     p.add_argument("--preset", choices=sorted(PRESETS), default="micro", help="ladder preset (micro)")
     p.add_argument("--ladder", default=None, help="the ladder's folder (out/ladder/<preset>)")
     p.add_argument("--out", default=None, help="output folder (out/ladder/<preset>/measure)")
-    p.add_argument("--gammas", default=None, help="lookaheads for speculative runs (real: 1,2,4,6,8,10; micro: 1,3)")
+    p.add_argument("--gammas", default=None, help="lookaheads for speculative runs (real: 1,2,4,6,8,10; micro: 2)")
     p.add_argument("--prompts", type=int, default=None, help="HellaSwag prompts per speculative configuration "
                    "(real: 32; micro: 4)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt length in bytes (real: 48; micro: 16)")
