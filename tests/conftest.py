@@ -101,12 +101,12 @@ def micro_ladder(tmp_path_factory):
 # not seconds), so a long module collected last would keep one worker busy while the other idles.
 # The micro ladder's other user (test_latency) comes late, after test_experiments has built the
 # ladder it waits for.
-LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_extending", "test_faults", "test_calibration",
-                 "test_optimum", "test_model_effects", "test_decoding", "test_bayes", "test_run_effects", "test_fitting",
-                 "test_holdout", "test_sbc", "test_effect_coordinates", "test_compare", "test_lambertw",
-                 "test_misspecified", "test_measure_core", "test_train", "test_speculative", "test_predictive",
-                 "test_normal", "test_composable", "test_user_data", "test_latency", "test_sizes", "test_validation",
-                 "test_readme")
+LONGEST_FIRST = ("test_experiments", "test_fit_cli", "test_optimum", "test_faults", "test_fitting", "test_extending",
+                 "test_bayes", "test_decoding", "test_calibration", "test_misspecified", "test_model_effects",
+                 "test_compare", "test_holdout", "test_run_effects", "test_sbc", "test_lambertw", "test_speculative",
+                 "test_effect_coordinates", "test_measure_core", "test_predictive", "test_train", "test_normal",
+                 "test_coefficient_coordinates", "test_composable", "test_validation", "test_user_data",
+                 "test_latency", "test_sizes", "test_readme")
 
 
 def pytest_collection_modifyitems(config, items):
