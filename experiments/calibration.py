@@ -39,6 +39,7 @@ import traceback
 import numpy as np
 
 from sdsl_jax.compare import STACKING_DENSITIES
+from sdsl_jax.infer.models import COEFFICIENT_COORDINATES
 from sdsl_jax.runtime import configure_jax
 
 STUDIES = ("plane", "loss-law", "n-star", "sbc", "misspecified")
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
-    parser.add_argument("--acceptance-coefficients", choices=("prior-scaled", "data-scaled"), default="prior-scaled",
+    parser.add_argument("--acceptance-coefficients", choices=COEFFICIENT_COORDINATES, default=COEFFICIENT_COORDINATES[0],
                         help="sbc: the coordinates NUTS samples the acceptance models' coefficients in "
                              "(sample_plane(coefficients=...); default prior-scaled, what the fits sample)")
     parser.add_argument("--acceptance-design", default="fits/ladder-v1/acceptance.csv",
