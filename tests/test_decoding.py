@@ -27,12 +27,15 @@ def models(max_len=64):
 
 def test_cached_forward_equals_full_forward():
     _, target = models()
+    # Compiled, as decoding calls it (called eagerly, each of the model's operations would be
+    # compiled on its own at every block length).
+    forward = nnx.jit(lambda model, *args: model(*args))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 20), 0, V)
-    full, _ = target(tokens)
+    full, _ = forward(target, tokens)
     cache = init_cache(target.config)
     pieces = []
     for start, stop in [(0, 12), (12, 13), (13, 20)]:  # prefill, one decoding step, a verification block
-        logits, cache = target(tokens[:, start:stop], cache, start)
+        logits, cache = forward(target, tokens[:, start:stop], cache, start)
         pieces.append(logits)
     np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=1e-5)
     assert count_params(target) > count_params(models()[0])
