@@ -70,10 +70,11 @@ def test_self_drafting_accepts_everything():
 
 def target_joint(target, prompt, temperature):
     """Exact p(y1, y2 | prompt) of the target, shape (V, V)."""
-    logits, _ = target(prompt[None])
+    forward = nnx.jit(lambda model, x: model(x))  # eagerly, each operation would compile on its own
+    logits, _ = forward(target, prompt[None])
     p1 = jax.nn.softmax(logits[0, -1] / temperature)
     seqs = jnp.concatenate([jnp.tile(prompt, (V, 1)), jnp.arange(V, dtype=jnp.int32)[:, None]], 1)
-    logits2, _ = target(seqs)
+    logits2, _ = forward(target, seqs)
     p2 = jax.nn.softmax(logits2[:, -1] / temperature, axis=-1)
     return np.asarray(p1[:, None] * p2, np.float64)
 

@@ -27,7 +27,8 @@ def test_windows_and_nll():
     with pytest.raises(ValueError, match="too short"):
         windows(tokens, length=200, count=10)
     _, target = pair()
-    logits, _ = target(jnp.asarray(w)[:, :-1])
+    # Compiled: called eagerly, each of the model's operations would compile on its own.
+    logits, _ = nnx.jit(lambda model, x: model(x))(target, jnp.asarray(w)[:, :-1])
     logp = jax.nn.log_softmax(logits, -1)
     want = -float(np.mean(np.take_along_axis(np.asarray(logp), w[:, 1:, None], -1)))
     assert text_nll(target, w) == pytest.approx(want, rel=1e-5)
