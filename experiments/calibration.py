@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--acceptance-models", default="",
                         help="sbc: also these acceptance models, comma-separated (plane, log-plane, logit-plane; "
                              "default none), on the pairs of --acceptance-design")
-    parser.add_argument("--acceptance-coefficients", choices=COEFFICIENT_COORDINATES, default=COEFFICIENT_COORDINATES[0],
+    parser.add_argument("--acceptance-coefficients", choices=COEFFICIENT_COORDINATES,
+                        default=COEFFICIENT_COORDINATES[0],
                         help="sbc: the coordinates NUTS samples the acceptance models' coefficients in "
                              "(sample_plane(coefficients=...); default prior-scaled, what the fits sample)")
     parser.add_argument("--acceptance-design", default="fits/ladder-v1/acceptance.csv",
