@@ -151,9 +151,13 @@ def test_throughput_outside_model_is_nan(args):
 
 
 def test_gradients_match_finite_differences():
-    check_grads(lambda a, g: throughput(a, g, 1e7, 1e9), (0.7, 4.3), order=2, modes=("fwd", "rev"), eps=1e-6)
-    check_grads(lambda a, r: optimal_lookahead(a, 1.0, r), (0.7, 150.0), order=2, modes=("fwd", "rev"), eps=1e-6)
-    check_grads(lambda a, r: optimal_throughput(a, 1.0, r), (0.7, 150.0), order=2, modes=("fwd", "rev"), eps=1e-6)
+    # Compiled: check_grads differentiates them to second order both ways, and eagerly every
+    # operation of each derivative (Lambert W's iterations included) would compile on its own.
+    check_grads(jax.jit(lambda a, g: throughput(a, g, 1e7, 1e9)), (0.7, 4.3), order=2, modes=("fwd", "rev"), eps=1e-6)
+    check_grads(jax.jit(lambda a, r: optimal_lookahead(a, 1.0, r)), (0.7, 150.0), order=2, modes=("fwd", "rev"),
+                eps=1e-6)
+    check_grads(jax.jit(lambda a, r: optimal_throughput(a, 1.0, r)), (0.7, 150.0), order=2, modes=("fwd", "rev"),
+                eps=1e-6)
 
 
 def test_vmapped_over_a_grid(maybe_jit):
