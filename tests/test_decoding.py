@@ -25,11 +25,13 @@ def models(max_len=64):
     return draft, target
 
 
+# The models' forward compiled, as decoding calls it (called eagerly, each of the model's operations
+# would be compiled on its own at every shape); one wrapper, so its programs are shared by the tests.
+forward = nnx.jit(lambda model, *args: model(*args))
+
+
 def test_cached_forward_equals_full_forward():
     _, target = models()
-    # Compiled, as decoding calls it (called eagerly, each of the model's operations would be
-    # compiled on its own at every block length).
-    forward = nnx.jit(lambda model, *args: model(*args))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 20), 0, V)
     full, _ = forward(target, tokens)
     cache = init_cache(target.config)
@@ -70,7 +72,6 @@ def test_self_drafting_accepts_everything():
 
 def target_joint(target, prompt, temperature):
     """Exact p(y1, y2 | prompt) of the target, shape (V, V)."""
-    forward = nnx.jit(lambda model, x: model(x))  # eagerly, each operation would compile on its own
     logits, _ = forward(target, prompt[None])
     p1 = jax.nn.softmax(logits[0, -1] / temperature)
     seqs = jnp.concatenate([jnp.tile(prompt, (V, 1)), jnp.arange(V, dtype=jnp.int32)[:, None]], 1)
