@@ -15,7 +15,7 @@ warmup) is forked at ``(1 - decay_fraction) * S_k`` and the fork decays linearly
 (Hägele et al. find WSD branches match cosine runs of the same length) at half the compute.
 
 Resumption: the plateau and each branch checkpoint with orbax every ``--checkpoint-every``
-steps; a finished branch leaves ``params/`` and ``result.json`` (written last, atomically). A
+steps (the preset's own by default); a finished branch leaves ``params/`` and ``result.json`` (written last, atomically). A
 killed run restarted with the same command continues from the last checkpoint of the unit in
 flight and skips finished branches. Outputs in ``--out`` (default ``out/ladder/<preset>``):
 
@@ -49,6 +49,10 @@ def parse_args(argv):
     p.add_argument("--held-back", metavar="PREDICTIONS", default=None,
                    help="also train the held-back rungs; PREDICTIONS is the committed predictions file for them, "
                         "which must exist (a held-back model is trained only after its prediction is registered)")
+    p.add_argument("--devices", type=int, default=None, metavar="K",
+                   help="train data-parallel on the first K of JAX's devices (all of them)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="steps between checkpoints: what an interruption can lose (the preset's)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -78,13 +82,18 @@ def _train_ladder(args, argv, preset, out) -> int:
     if held_back & set(chosen) and args.held_back is None:
         raise UsageError(f"--rungs names held-back rung(s) {sorted(held_back & set(chosen))}: give --held-back "
                          "PREDICTIONS (their committed predictions) to train them")
+    devices = _chosen_devices(args.devices, [r for r in preset.rungs if r.name in chosen])
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every < 1:
+            raise UsageError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+        preset = dataclasses.replace(preset, checkpoint_every=args.checkpoint_every)
     corpus = load_corpus()
     evaluation = EvalText(corpus.test, length=preset.seq_len, count=preset.eval_windows)
     log(f"corpus: {len(corpus.train):,} training bytes, {len(corpus.test):,} held out; "
-        f"{len(jax.devices())} device(s)")
+        f"{len(devices)} device(s)")
     for rung in preset.rungs:
         if rung.name in chosen:
-            train_rung(rung, preset, corpus.train, evaluation, out, log)
+            train_rung(rung, preset, corpus.train, evaluation, out, log, devices=devices)
     models = []  # every finished (size, budget) in --out, trained by this call or an earlier one
     for rung in preset.rungs:
         for budget in plan_rung(rung, preset, rung_n_params(rung, preset)).budgets:
@@ -98,12 +107,26 @@ def _train_ladder(args, argv, preset, out) -> int:
     registry = dict(
         preset=dataclasses.asdict(preset), models=models, command=command_line("experiments.ladder", argv),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions(),
-        devices=[str(d) for d in jax.devices()],
+        devices=[str(d) for d in devices],
         corpus=dict(sources=corpus.sources, train_bytes=len(corpus.train), test_bytes=len(corpus.test),
                     holdout=f"every {HOLDOUT_EVERY}th block of {BLOCK} bytes per source"))
     write_json(os.path.join(out, "ladder.json"), registry)
     log(f"wrote {os.path.join(out, 'ladder.json')} ({len(models)} models)")
     return 0
+
+
+def _chosen_devices(count: int | None, rungs) -> list:
+    """The first ``count`` devices (all by default); every rung's batch must split evenly over them."""
+    available = jax.devices()
+    if count is None:
+        count = len(available)
+    if not 1 <= count <= len(available):
+        raise UsageError(f"--devices must be between 1 and {len(available)} (the devices JAX sees), got {count}")
+    for rung in rungs:
+        if rung.batch_size % count:
+            raise UsageError(f"--devices {count}: rung {rung.name}'s batch of {rung.batch_size} sequences does not "
+                             f"split evenly over {count} devices")
+    return available[:count]
 
 
 if __name__ == "__main__":

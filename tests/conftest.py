@@ -88,7 +88,10 @@ def micro_ladder(tmp_path_factory):
     with open(shared / "micro_ladder.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "done").exists():
-            assert ladder.main(["--preset", "micro", "--out", str(ladder_dir), "--quiet"]) == 0
+            # One device: the four this suite's processes see are two cores here, and splitting a
+            # micro batch over them costs more than it shares (the data-parallel path is
+            # test_train's and test_experiments' resume test's).
+            assert ladder.main(["--preset", "micro", "--devices", "1", "--out", str(ladder_dir), "--quiet"]) == 0
             assert measure.main(["--preset", "micro", "--ladder", str(ladder_dir), "--out", str(measure_dir),
                                  "--quiet"]) == 0
             (root / "done").write_text("ok")

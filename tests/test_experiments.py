@@ -71,11 +71,18 @@ def test_a_budget_is_the_standalone_wsd_run_of_that_length(micro_ladder):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def m1_on_four_devices(tmp_path_factory):
+    """The micro ladder's smallest rung trained uninterrupted, data-parallel on this suite's four devices."""
+    out = tmp_path_factory.mktemp("m1_on_four_devices")
+    assert ladder.main(["--preset", "micro", "--rungs", "m1", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch, m1_on_four_devices):
     """Interrupt training mid-plateau; the rerun resumes from the checkpoint and ends where an
     uninterrupted run ends (same losses), and a finished ladder is not retrained."""
     args = ["--preset", "micro", "--rungs", "m1", "--quiet"]
-    assert ladder.main(args + ["--out", str(tmp_path / "clean")]) == 0
     calls = {"n": 0}
     original = train_module.shard_batch
 
@@ -98,13 +105,53 @@ def test_killed_ladder_resumes_to_the_same_models(tmp_path, monkeypatch):
     assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
     plan = rungs.plan_rung(PRESET.rungs[0], PRESET, rungs.rung_n_params(PRESET.rungs[0], PRESET))
     assert steps["n"] <= plan.total_steps - 20  # resumed, not restarted
-    clean, killed = _registry(tmp_path / "clean"), _registry(tmp_path / "killed")
+    clean, killed = _registry(m1_on_four_devices), _registry(tmp_path / "killed")
     for a, b in zip(clean["models"], killed["models"]):
         assert a["name"] == b["name"]
         assert a["loss_heldout"] == pytest.approx(b["loss_heldout"], rel=1e-5)
     steps["n"] = 0
     assert ladder.main(args + ["--out", str(tmp_path / "killed")]) == 0
     assert steps["n"] == 0  # everything finished: nothing retrained
+
+
+# Run with one device: loads models trained data-parallel on this suite's four and evaluates them.
+_EVALUATE_ON_ONE_DEVICE = """
+import json, sys
+import jax
+from sdsl_jax.lm.corpus import load_corpus
+from sdsl_jax.lm.ladder import PRESETS, EvalText, load_ladder
+preset = PRESETS["micro"]
+registry, models = load_ladder(sys.argv[1])
+evaluation = EvalText(load_corpus().test, length=preset.seq_len, count=preset.eval_windows)
+print(json.dumps(dict(devices=len(jax.devices()), trained_on=len(registry["devices"]),
+                      losses={name: [record["loss_heldout"], evaluation.losses(model)["loss_heldout"]]
+                              for name, (record, model) in models.items()})))
+"""
+
+
+def test_models_trained_on_several_devices_load_and_evaluate_on_one(m1_on_four_devices):
+    """A ladder trained data-parallel is measured on a machine with fewer devices, to the same loss."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"].replace("--xla_force_host_platform_device_count=4", ""))
+    proc = subprocess.run([sys.executable, "-c", _EVALUATE_ON_ONE_DEVICE, str(m1_on_four_devices)], capture_output=True,
+                          text=True, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["devices"] == 1 and report["trained_on"] == len(jax.devices()) == 4
+    assert len(report["losses"]) == len(PRESET.budget_fractions)
+    for saved, evaluated in report["losses"].values():
+        assert evaluated == pytest.approx(saved, rel=1e-5)
+
+
+@pytest.mark.parametrize("args, fragment", [(["--devices", "0"], "--devices must be between 1 and 4"),
+                                            (["--devices", "3"], "rung m1's batch of 8 sequences does not split evenly"),
+                                            (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1")])
+def test_ladder_arguments_that_cannot_train_exit_2(tmp_path, capsys, args, fragment):
+    assert ladder.main(["--preset", "micro", *args, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_ladder_rejects_unknown_rungs(tmp_path, capsys):

@@ -181,14 +181,23 @@ def save_params(model: nnx.Module, path: str) -> None:
         ckpt.save(path, nnx.state(model, nnx.Param))
 
 
-def load_model(config: TransformerConfig, path: str, *, seed: int = 0) -> Transformer:
-    """A :class:`Transformer` with the parameters saved at ``path`` by :func:`save_params`."""
+def load_model(config: TransformerConfig, path: str, *, seed: int = 0, device=None) -> Transformer:
+    """A :class:`Transformer` with the parameters saved at ``path`` by :func:`save_params`, on ``device``.
+
+    The parameters are placed on one device (``device``, default the first of ``jax.devices()``),
+    whatever devices trained them: a ladder trained data-parallel on several devices is measured on
+    any machine, and a model replicated over several devices would run every decoding step once per
+    device.
+    """
     import orbax.checkpoint as ocp
 
+    device = jax.devices()[0] if device is None else device
+    placement = jax.sharding.SingleDeviceSharding(device)
     # The parameters' shapes only (nnx.eval_shape): initialising them for real would compute and
     # compile every initializer just to overwrite its result.
     model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(seed)))
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement),
+                            nnx.state(model, nnx.Param))
     with ocp.StandardCheckpointer() as ckpt:
         nnx.update(model, ckpt.restore(os.path.abspath(path), abstract))
     return model
@@ -206,8 +215,10 @@ class EvalText:
         return dict(loss_heldout=text_nll(model, self.heldout), loss_hellaswag=text_nll(model, self.hellaswag))
 
 
-def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalText, out: str, log=print) -> list[dict]:
-    """Train one rung (plateau + decay branches), resuming from whatever ``out`` holds."""
+def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalText, out: str, log=print, *,
+               devices=None) -> list[dict]:
+    """Train one rung (plateau + decay branches), resuming from whatever ``out`` holds; data-parallel
+    over ``devices`` (all of ``jax.devices()`` by default)."""
     config = rung_config(rung, preset.seq_len)
     seed = rung_seed(rung, preset)
     model = Transformer(config, rngs=nnx.Rngs(seed))
@@ -217,7 +228,7 @@ def train_rung(rung: Rung, preset: Preset, tokens: np.ndarray, evaluation: EvalT
     pending = [b for b in plan.budgets if not os.path.exists(os.path.join(rung_dir, f"budget_{b}", "result.json"))]
     log(f"{rung.name}: N = {plan.n_params:,} parameters, budgets {list(plan.budgets)} steps of "
         f"{plan.tokens_per_step} tokens, {plan.total_steps} steps in all; {len(pending)} to train")
-    mesh = data_mesh()
+    mesh = data_mesh(devices)
     if pending:
         graphdef, state = init_train_state(model, scheduled_adamw(_schedule(rung, plan, None), weight_decay=0.1),
                                            mesh)
