@@ -153,6 +153,20 @@ def _init(params: jax.Array, solver) -> _Carry:
     return _Carry(params, solver.init(params), jnp.asarray(jnp.inf, params.dtype))
 
 
+@functools.partial(jax.jit, static_argnames=("linesearch",))
+def _fresh_starts(params: jax.Array, *, linesearch: str) -> _Carry:
+    """A carry for every row of ``params``, with empty L-BFGS memory."""
+    return jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(params)
+
+
+@functools.partial(jax.jit, static_argnames=("linesearch",))
+def _restarted(carry: _Carry, indices, *, linesearch: str) -> _Carry:
+    """The starts ``indices`` of ``carry`` given empty L-BFGS memory where they are (a repeated index
+    is set twice to the same fresh state)."""
+    fresh = _fresh_starts(carry.params[indices], linesearch=linesearch)
+    return jax.tree.map(lambda x, y: x.at[indices].set(y), carry, fresh)
+
+
 def _iterate(objective, c: _Carry, args, max_steps, ftol, gtol, steps, linesearch: str, run=True) -> _Carry:
     """Up to ``steps`` L-BFGS iterations of one start, fewer where its stopping rule ends it (none
     where ``run`` is false)."""
@@ -280,7 +294,7 @@ _STARTS_PER_CALL = 64
 def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, steps_per_round, polish_steps,
                     progress, linesearch, one_by_one):
     num_starts = starts.shape[0]
-    carry = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(starts)
+    carry = _fresh_starts(starts, linesearch=linesearch)
     small_chunk = max(1, chunk_size // 16)
     if one_by_one is None:
         one_by_one = (jax.default_backend() == "cpu"
@@ -308,15 +322,15 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
         if progress is not None:
             progress(rounds, int(active.sum()), num_starts)
 
-    values = optax.tree.get(carry.state, "value")
-    steps = optax.tree.get(carry.state, "count")
-    stopped = (steps < max_steps) & jnp.isfinite(values)
     # A start that stalled short of a stationary point (a line search that found no lower point)
     # is restarted once from fresh L-BFGS memory, as SciPy's L-BFGS-B does after a failed search.
-    # The bookkeeping below is NumPy: as JAX operations, each set of starts of a new size (they
-    # differ from fit to fit) would compile its gathers and scatters again.
-    stopped = np.array(stopped)
-    at_stationary = np.array(_converged(objective, carry, args, ftol, gtol))
+    # The bookkeeping below is NumPy, and what must be JAX is compiled whole (_converged,
+    # _restarted): dispatched one by one, each JAX operation compiles again for every new number of
+    # starts, and that differs from fit to fit.
+    values = np.asarray(optax.tree.get(carry.state, "value"))
+    steps = np.array(optax.tree.get(carry.state, "count"))
+    stopped = (steps < max_steps) & np.isfinite(values)
+    at_stationary = np.array(_converged(objective, carry, tuple(args), ftol, gtol))
     stalled = np.flatnonzero(stopped & ~at_stationary)
     carry, steps, restarted_steps = _continue_afresh(objective, carry, steps, stalled, tuple(args), max_steps, ftol,
                                                      gtol, linesearch)
@@ -325,16 +339,17 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     if polish_steps:
         carry, steps, polished = _polish_near_best(objective, carry, steps, stopped, tuple(args), polish_steps, gtol,
                                                    linesearch)
-    values = optax.tree.get(carry.state, "value")
+    values = np.asarray(optax.tree.get(carry.state, "value"))
     moved = np.union1d(stalled, polished)  # only these starts' state changed since the check above
     if moved.size:
-        padded = _padded(moved)
         at_stationary[moved] = np.asarray(
-            _converged(objective, jax.tree.map(lambda x: x[padded], carry), args, ftol, gtol))[: moved.size]
-    converged = jnp.asarray(stopped & at_stationary)
-    values = jnp.where(jnp.isfinite(values), values, jnp.inf)
-    best = int(jnp.argmin(values))
-    return FitResult(carry.params[best], values[best], converged[best], best, carry.params, values, converged, steps)
+            _converged(objective, carry, tuple(args), ftol, gtol, indices=_padded(moved)))[: moved.size]
+    converged = stopped & at_stationary
+    values = np.where(np.isfinite(values), values, np.inf)
+    best = int(np.argmin(values))
+    params = np.asarray(carry.params)
+    return FitResult(jnp.asarray(params[best]), jnp.asarray(values[best]), jnp.asarray(converged[best]), best,
+                     carry.params, jnp.asarray(values), jnp.asarray(converged), jnp.asarray(steps))
 
 
 _ROUNDING_FLOOR = 1e3
@@ -342,9 +357,11 @@ _ROUNDING_FLOOR = 1e3
 objective, decides whether a step lowers it (:func:`_converged`)."""
 
 
-def _converged(objective, carry: _Carry, args, ftol, gtol) -> jax.Array:
-    """Starts at a stationary point by the fit's tolerances: the gradient norm at most ``gtol``, or
-    the decrease left along the gradient at most ``ftol`` of the objective (or its rounding floor).
+@functools.partial(jax.jit, static_argnames=("objective",))
+def _converged(objective, carry: _Carry, args, ftol, gtol, indices=None) -> jax.Array:
+    """Starts (those of ``indices``, or all) at a stationary point by the fit's tolerances: the
+    gradient norm at most ``gtol``, or the decrease left along the gradient at most ``ftol`` of the
+    objective (or its rounding floor).
 
     A start stops when a step lowers the objective by at most ``ftol`` of it, which is the end of
     the descent only where the step was not cut short: a line search on the edge of a kink (the
@@ -354,6 +371,8 @@ def _converged(objective, carry: _Carry, args, ftol, gtol) -> jax.Array:
     along ``-g`` lowers the objective by ``(g . g)^2 / (2 g . H g)`` (``H g`` by one
     Hessian-vector product per start); a curvature ``g . H g <= 0`` is not a minimum.
     """
+    if indices is not None:
+        carry = jax.tree.map(lambda x: x[indices], carry)
     values = optax.tree.get(carry.state, "value")
     grads = optax.tree.get(carry.state, "grad")
     grad_norm = jax.vmap(optax.tree.norm)(grads)
@@ -388,12 +407,12 @@ def _polish_near_best(objective, carry: _Carry, steps, stopped, args, polish_ste
     rival optima, not starts stopped on the way. There are a few of them: one by one, they cost
     next to nothing.
     """
-    values = optax.tree.get(carry.state, "value")
-    values = jnp.where(jnp.isfinite(values), values, jnp.inf)
-    best = jnp.min(values)
+    values = np.asarray(optax.tree.get(carry.state, "value"))
+    values = np.where(np.isfinite(values), values, np.inf)
+    best = np.min(values)
     # Starts already at the best objective (to 1e-9) have nothing to gain, except the best one itself.
-    near = np.flatnonzero(np.asarray(stopped & (values <= best + NEAR_OPTIMUM * jnp.abs(best))
-                                     & ((values > best + 1e-9 * jnp.abs(best)) | (jnp.arange(values.size) == jnp.argmin(values)))))
+    near = np.flatnonzero(stopped & (values <= best + NEAR_OPTIMUM * np.abs(best))
+                          & ((values > best + 1e-9 * np.abs(best)) | (np.arange(values.size) == np.argmin(values))))
     carry, steps, _ = _continue_afresh(objective, carry, steps, near, args, polish_steps, 0.0, gtol, linesearch)
     return carry, steps, near
 
@@ -404,9 +423,7 @@ def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args,
     (at most ``max_steps`` more steps each): the carry, the total steps, and the new run's steps."""
     if indices.size == 0:
         return carry, steps, np.zeros(0, np.int32)
-    padded = _padded(indices)  # repeated starts are set twice to the same fresh state
-    fresh = jax.vmap(lambda p: _init(p, _SOLVERS[linesearch]))(carry.params[padded])
-    carry = jax.tree.map(lambda x, y: x.at[padded].set(y), carry, fresh)
+    carry = _restarted(carry, _padded(indices), linesearch=linesearch)
     dtype = carry.params.dtype
     limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, dtype), jnp.asarray(gtol, dtype))
     num_starts = carry.params.shape[0]
@@ -418,7 +435,7 @@ def _continue_afresh(objective, carry: _Carry, steps, indices: np.ndarray, args,
     new_steps = np.asarray(optax.tree.get(carry.state, "count"))[indices]
     total = np.array(steps)
     total[indices] += new_steps
-    return carry, jnp.asarray(total), new_steps
+    return carry, total, new_steps
 
 
 def _padded(indices: np.ndarray) -> np.ndarray:
