@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from sdsl_jax.acceptance import acceptance_from_distributions
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
@@ -30,10 +31,22 @@ def windows(tokens: np.ndarray, *, length: int, count: int) -> np.ndarray:
     return np.stack([tokens[i * stride : i * stride + length + 1] for i in range(count)]).astype(np.int32)
 
 
+# The model is an argument of the compiled functions, not a constant of a fresh closure: models of
+# one shape (a rung's budgets) share one program, and parameters are not compiled into it.
+@nnx.jit
+def _window_nll(model, batch: jax.Array) -> jax.Array:
+    logits, _ = model(batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+
+@nnx.jit
+def _probabilities(model, inputs: jax.Array) -> jax.Array:
+    return jax.nn.softmax(model(inputs)[0], axis=-1)
+
+
 def text_nll(model, batch: np.ndarray) -> float:
     """Mean next-token NLL (nats per token) of ``model`` on ``batch`` of windows."""
-    logits, _ = jax.jit(lambda b: model(b[:, :-1]))(jnp.asarray(batch))
-    return float(optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(batch)[:, 1:]).mean())
+    return float(_window_nll(model, jnp.asarray(batch)))
 
 
 def exact_acceptance(draft, target, batch: np.ndarray, *, temperature: float = 1.0) -> float:
@@ -63,8 +76,7 @@ def longest_budgets(records: list[dict]) -> list[dict]:
 
 def _next_token_probs(model, batch: np.ndarray, chunk: int = 32) -> np.ndarray:
     """Softmax of the model's next-token logits at every position, float32 ``(windows, T, vocab)``."""
-    forward = jax.jit(lambda b: jax.nn.softmax(model(b)[0], axis=-1))
-    return np.concatenate([np.asarray(forward(jnp.asarray(batch[i:i + chunk, :-1])))
+    return np.concatenate([np.asarray(_probabilities(model, jnp.asarray(batch[i:i + chunk, :-1])))
                            for i in range(0, len(batch), chunk)])
 
 
