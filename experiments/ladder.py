@@ -15,9 +15,9 @@ warmup) is forked at ``(1 - decay_fraction) * S_k`` and the fork decays linearly
 (Hägele et al. find WSD branches match cosine runs of the same length) at half the compute.
 
 Resumption: the plateau and each branch checkpoint with orbax every ``--checkpoint-every``
-steps (the preset's own by default); a finished branch leaves ``params/`` and ``result.json`` (written last, atomically). A
-killed run restarted with the same command continues from the last checkpoint of the unit in
-flight and skips finished branches. Outputs in ``--out`` (default ``out/ladder/<preset>``):
+steps (the preset's own by default); a finished branch leaves ``params/`` and ``result.json``
+(written last, atomically). A killed run restarted with the same command continues from the last
+checkpoint of the unit in flight and skips finished branches. Outputs in ``--out`` (default ``out/ladder/<preset>``):
 
 * ``<rung>/budget_<steps>/params``: the trained parameters of one (size, budget) model;
 * ``<rung>/budget_<steps>/result.json``: N, D, held-out and HellaSwag loss, timings;

@@ -149,6 +149,10 @@ def _keep_going(carry: _Carry, max_steps, ftol, gtol) -> jax.Array:
     return (count < 2) | ((count < max_steps) & decreasing & (grad_norm > gtol) & jnp.isfinite(value))
 
 
+_keep_going_all = jax.jit(jax.vmap(_keep_going, (0, None, None, None)))
+""":func:`_keep_going` for every start of a carry (one program per number of starts, shared by every fit)."""
+
+
 def _init(params: jax.Array, solver) -> _Carry:
     return _Carry(params, solver.init(params), jnp.asarray(jnp.inf, params.dtype))
 
@@ -299,7 +303,6 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
     if one_by_one is None:
         one_by_one = (jax.default_backend() == "cpu"
                       or sum(int(np.size(a)) for a in jax.tree.leaves(args)) * chunk_size >= _ONE_BY_ONE_FROM)
-    keep_going = jax.jit(jax.vmap(_keep_going, (0, None, None, None)))
     limits = (jnp.asarray(max_steps, jnp.int32), jnp.asarray(ftol, starts.dtype), jnp.asarray(gtol, starts.dtype))
     if one_by_one:
         calls = -(-num_starts // _STARTS_PER_CALL)
@@ -308,7 +311,7 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
             carry = _run_one_by_one(objective, carry, indices, tuple(args), *limits, linesearch=linesearch)
             if progress is not None:
                 progress(call + 1, max(0, num_starts - (call + 1) * _STARTS_PER_CALL), num_starts)
-    active = np.zeros(num_starts, bool) if one_by_one else np.asarray(keep_going(carry, *limits))
+    active = np.zeros(num_starts, bool) if one_by_one else np.asarray(_keep_going_all(carry, *limits))
     rounds = 0
     while active.any():  # vectorised rounds (each start run one by one already ended by its rule)
         indices = np.flatnonzero(active)
@@ -317,7 +320,7 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
             padded = np.resize(live, small_chunk if live.size <= small_chunk else chunk_size)  # repeats real starts
             carry = _advance_chunk(objective, carry, padded, tuple(args), *limits, steps=steps_per_round,
                                    linesearch=linesearch)
-        active = np.asarray(keep_going(carry, *limits))
+        active = np.asarray(_keep_going_all(carry, *limits))
         rounds += 1
         if progress is not None:
             progress(rounds, int(active.sum()), num_starts)

@@ -185,9 +185,8 @@ def load_model(config: TransformerConfig, path: str, *, seed: int = 0, device=No
     """A :class:`Transformer` with the parameters saved at ``path`` by :func:`save_params`, on ``device``.
 
     The parameters are placed on one device (``device``, default the first of ``jax.devices()``),
-    whatever devices trained them: a ladder trained data-parallel on several devices is measured on
-    any machine, and a model replicated over several devices would run every decoding step once per
-    device.
+    whatever devices trained them: a ladder trained data-parallel on several devices loads on a
+    machine with fewer (restored onto the topology that saved it, it would not).
     """
     import orbax.checkpoint as ocp
 
