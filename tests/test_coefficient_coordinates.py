@@ -161,6 +161,8 @@ def test_chains_start_dispersed_about_the_frame():
     assert np.all(0.5 / frame.unit > 10 * 3.0)
     for site in ("sigma", "draft_sd", "target_sd"):
         assert np.asarray(draws[site]).std() == pytest.approx(np.asarray(stated[site]).std(), rel=0.1), site
+    with pytest.raises(ValueError, match="observes nothing with these arguments"):
+        prior_starts(starts_model, args, 2, 0)  # without alpha, alpha itself would be a start's latent site
     starts = prior_starts(starts_model, (*args, np.asarray(alpha)), 2, 0)  # unconstrained, one per chain
     c = np.asarray(starts["coefficients_c"])
     assert "alpha_obs" not in starts and c.shape == (2, 3) and np.all(np.abs(c) < 20)

@@ -369,6 +369,10 @@ def prior_starts(model: Callable, model_args: tuple, num_chains: int, seed: int,
     run's several models than one compiled draw per model. The log density at the draw holds the
     likelihood, whose operations are many and model-specific (a truncated normal's normaliser alone
     is two ``log_ndtr``): it is compiled once per model and shape.
+
+    Raises:
+      ValueError: when ``model(*model_args)`` observes no site (the data were left out of
+        ``model_args``: their sites would be latent, and a start would hold them).
     """
     key = jax.random.PRNGKey(seed + 7919)
     starts = []
@@ -398,6 +402,11 @@ def _prior_draw(model: Callable, model_args: tuple, key: jax.Array) -> dict[str,
         trace = numpyro.handlers.trace(numpyro.handlers.seed(model, key)).get_trace(*model_args)
         latent = {name: site for name, site in trace.items()
                   if site["type"] == "sample" and not site["is_observed"]}
+        if not any(site["type"] == "sample" and site["is_observed"] for site in trace.values()):
+            # Without its data a model's observation sites are latent: a start would hold them, and
+            # NUTS would sample the data as parameters.
+            raise ValueError(f"the model observes nothing with these arguments (its sample sites {sorted(latent)} "
+                             "are all latent): pass the data to condition on")
         values = {name: site["value"] for name, site in latent.items()}
         log_joint = _compiled_log_joint(model)(model_args, values)
     if not np.isfinite(float(log_joint)):
