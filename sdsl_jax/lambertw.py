@@ -5,16 +5,18 @@ on ``[-1/e, inf)`` with ``W_0 >= -1`` and ``W_{-1}`` on ``[-1/e, 0)`` with ``W_{
 
 Algorithm (the same for both branches, a fixed number of steps so that it jits and vmaps):
 
-1. An initial guess: near the branch point ``z = -1/e`` the series in
-   ``p = ±sqrt(2 (e z + 1))`` [Corless et al. 1996, eqs. 4.22-4.24]; on ``W_0`` away from it
+1. An initial guess: near the branch point ``z = -1/e`` a polynomial in
+   ``p = ±sqrt(2 (e z + 1))``, the interpolant of the branch-point series [Corless et al. 1996,
+   eqs. 4.22-4.24] at the Chebyshev points of ``0 <= ±p <= 0.45``; on ``W_0`` away from it
    Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)`` [Winitzki 2003];
    on ``W_{-1}`` away from it the asymptotic series ``L1 - L2 + L2 / L1``,
    ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
 2. Two steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21],
    which is fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot
-   overflow. On float64 the guess and the first step use a cheaper logarithm accurate to 1.5e-7
-   (:func:`_rough_log`: a step leaves about 0.015 e^4 of an error e, so the second ends at
-   rounding all the same), and the last step fdlibm's logarithm (:func:`_log`, within one ulp;
+   overflow. On float64 the guess and the first step use cheaper logarithms, polynomials accurate
+   to 2.2e-4 down to 1.5e-7 (:func:`_rough_log`: a step leaves about 0.015 e^4 of an error e, so the
+   second ends at rounding all the same: the budget is in :func:`_branch0_start`), and the last step
+   fdlibm's logarithm (:func:`_log`, within one ulp;
    XLA's float64 logarithm does not vectorise on CPUs)::
 
        zn  = log(z / w) - w
@@ -25,8 +27,9 @@ Algorithm (the same for both branches, a fixed number of steps so that it jits a
    products split into 26-bit halves), so that ``zn`` carries only the logarithm's rounding:
    :func:`_compensated_fritsch_step`.
 
-3. Within ``|p| < 0.45`` of the branch point the 32-term series is used as the answer: there
-   it is exact to rounding, whereas the iteration divides rounding noise by ``1 + w ~ p``.
+3. Within ``|p| < 0.45`` of the branch point the polynomial is the answer: there it is within
+   4e-18 of W (15 coefficients on ``W_0``, 17 on ``W_{-1}``, against 32 terms of the series
+   itself), whereas the iteration divides rounding noise by ``1 + w ~ p``.
    ``e z + 1`` is formed as ``e (z + hi + lo)`` with ``1/e = hi + lo`` split in the working
    dtype, so the distance to the branch point is exact for inputs near it.
 
@@ -60,19 +63,24 @@ from sdsl_jax._arrays import as_float
 
 __all__ = ["lambertw", "lambertw_m1_log"]
 
-# The series alone is the answer below |p| = 0.45 (its 32 terms are exact to rounding there: the
-# coefficients fall like 0.65^k, so the first term left out is below 1e-17); above it the iteration's
-# rounding, divided by 1 + w ~ p, is below 4e-16 relative.
-_NUM_SERIES_TERMS = 32
+# The polynomial alone is the answer below |p| = 0.45 (within 4e-18 of W there); above it the
+# iteration's rounding, divided by 1 + w ~ p, is below 4e-16 relative.
 _SERIES_ONLY_BELOW = 0.45
-_SERIES_GUESS_BELOW_Z = -0.25  # z below which the series seeds the iteration
+_SERIES_GUESS_BELOW_Z = -0.25  # z below which the polynomial seeds the iteration (|p| < 0.81)
 _NUM_FRITSCH_STEPS = 2
+# Terms of the exact series that the interpolants are made from: at |p| = 0.45 the first one left
+# out is below 1e-25 (the coefficients fall like 0.71^k).
+_NUM_SERIES_TERMS = 50
+# Coefficients of (W + 1) / p per branch: W within 3.1e-18 (W_0) and 2.1e-19 (W_{-1}) relative on
+# 0 <= ±p <= 0.45, a few hundredths of an ulp, with one coefficient fewer 5.9e-18 and 6.2e-18
+# (W_{-1}'s side lies nearer the series' singularity at p = -sqrt 2, so it needs more).
+_NUM_INTERPOLANT_COEFFICIENTS = {0: 15, -1: 17}
 
 
-def _branch_point_coefficients(num_terms: int) -> tuple[float, ...]:
+def _branch_point_coefficients(num_terms: int) -> tuple[fractions.Fraction, ...]:
     """Coefficients mu_k of W = sum_k mu_k p^k, p = ±sqrt(2 (e z + 1)) [Corless 1996, eq. 4.23].
 
-    Exact rational recurrence, evaluated once at import:
+    Exact rational recurrence:
     mu_k = (k-1)/(k+1) (mu_{k-2}/2 + alpha_{k-2}/4) - alpha_k/2 - mu_{k-1}/(k+1),
     alpha_k = sum_{j=2}^{k-1} mu_j mu_{k+1-j}, mu_0 = -1, mu_1 = 1, alpha_0 = 2, alpha_1 = -1.
     """
@@ -84,10 +92,47 @@ def _branch_point_coefficients(num_terms: int) -> tuple[float, ...]:
         mu.append(
             F(k - 1, k + 1) * (mu[k - 2] / 2 + alpha[k - 2] / 4) - alpha[k] / 2 - mu[k - 1] / (k + 1)
         )
-    return tuple(float(m) for m in mu)
+    return tuple(mu)
 
 
-_MU = _branch_point_coefficients(_NUM_SERIES_TERMS)
+@functools.cache
+def _branch_point_polynomial_coefficients(branch: int) -> tuple[float, ...]:
+    """Coefficients c_j of ``W ~ -1 + p sum_j c_j p^j`` near the branch point, for ``branch`` 0
+    (``p >= 0``) or -1 (``p <= 0``).
+
+    The polynomial interpolates ``(W + 1) / p`` at the Chebyshev points of ``[0, ±0.45]``: close to
+    the best polynomial of its degree there, it needs half the terms of the truncated series for the
+    same accuracy (15 against 32 on ``W_0``). Made once per process, in exact rational arithmetic from
+    :data:`_NUM_SERIES_TERMS` terms of the series (the nodes are the float64 Chebyshev points, so
+    the interpolation is exact and only the coefficients' final rounding to float64 remains).
+    Beyond ``|p| = 0.45`` it extrapolates smoothly: within 1.2e-7 of W up to ``|p| = 0.81``, where
+    it seeds the iteration.
+    """
+    F = fractions.Fraction
+    mu = _branch_point_coefficients(_NUM_SERIES_TERMS)
+    n = _NUM_INTERPOLANT_COEFFICIENTS[branch]
+    edge = _SERIES_ONLY_BELOW if branch == 0 else -_SERIES_ONLY_BELOW
+    nodes = [F(edge / 2 * (1 - math.cos(math.pi * (2 * i + 1) / (2 * n)))) for i in range(n)]
+
+    def w_plus_one_over_p(p):
+        value = F(0)
+        for m in reversed(mu[1:]):
+            value = value * p + m
+        return value
+
+    # Gauss-Jordan elimination on the Vandermonde system, exact.
+    rows = [[p**j for j in range(n)] + [w_plus_one_over_p(p)] for p in nodes]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        rows[col] = [v / rows[col][col] for v in rows[col]]
+        for r in range(n):
+            if r != col and rows[r][col]:
+                factor = rows[r][col]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col])]
+    return tuple(float(row[n]) for row in rows)
+
+
 _INV_E = fractions.Fraction(
     # 1/e to 40 digits; the split below needs more than a float64 carries.
     "0.3678794411714423215955237701614608674458"
@@ -109,18 +154,15 @@ def _distance_to_branch_point(z: jax.Array) -> jax.Array:
     return jnp.maximum(math.e * (z + hi) + math.e * lo, 0.0)
 
 
-def _branch_point_series(p: jax.Array) -> jax.Array:
-    # Two interleaved Horner chains in p^2, even and odd terms: one chain of 32 dependent
-    # multiply-adds waits on each one's latency; two independent ones halve that wait. The
-    # leading -1 is added last: summed into the even chain, its rounding (an ulp of 1) would be
-    # two ulps of W near |p| = 0.45, where W is about -0.63.
-    x = p * p
-    even, odd = jnp.zeros_like(p), jnp.zeros_like(p)
-    for mu in reversed(_MU[2::2]):
-        even = even * x + mu
-    for mu in reversed(_MU[1::2]):
-        odd = odd * x + mu
-    return _MU[0] + (x * even + p * odd)
+def _branch_point_series(p: jax.Array, branch: int) -> jax.Array:
+    """W near the branch point from ``p`` (:func:`_branch_point_polynomial_coefficients`). The
+    leading -1 is added last: summed into the chain, its rounding (an ulp of 1) would be two ulps
+    of W near |p| = 0.45, where W is about -0.63 (W_0)."""
+    coefficients = _branch_point_polynomial_coefficients(branch)
+    value = jnp.full_like(p, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        value = value * p + c
+    return -1.0 + p * value
 
 
 def _fritsch_step(w: jax.Array, log_z_over_w: jax.Array) -> jax.Array:
@@ -187,26 +229,26 @@ def _split_exponent(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return k.astype(x.dtype), jax.lax.bitcast_convert_type(m, jnp.float64) - 1.0
 
 
+@functools.cache
 def _log1p_over_x_fit(degree: int) -> tuple[float, ...]:
     """Coefficients (ascending) of a polynomial P with ``log(1 + f) ~ f P(f)`` on the reduced range
-    [sqrt(1/2) - 1, sqrt 2 - 1]: the least-squares Chebyshev fit of ``log(1 + f) / f``, made once at
-    import. Degree 7 (eight terms) leaves 1.5e-7 absolute."""
+    [sqrt(1/2) - 1, sqrt 2 - 1]: the least-squares Chebyshev fit of ``log(1 + f) / f``, made once per
+    degree. Absolute error of ``f P(f)``: 2.2e-4 for degree 3, 5.7e-6 for degree 5, 1.5e-7 for 7."""
     f = np.linspace(math.sqrt(0.5) - 1.0, math.sqrt(2.0) - 1.0, 4001)
     f = f[f != 0]
     fit = np.polynomial.chebyshev.chebfit(f, np.log1p(f) / f, degree)
     return tuple(float(c) for c in np.polynomial.chebyshev.cheb2poly(fit))
 
 
-_ROUGH_LOG_COEFFICIENTS = _log1p_over_x_fit(7)
-
-
-def _rough_log(x: jax.Array) -> jax.Array:
-    """log(x) for positive normal float64 x to about 1.5e-7 absolute: the exponent from the bits
-    (:func:`_split_exponent`) and ``f P(f)`` with eight multiply-adds, no division. Enough for a
-    first guess and for a Fritsch step that another step follows (module docstring)."""
+def _rough_log(x: jax.Array, degree: int = 7) -> jax.Array:
+    """log(x) for positive normal float64 x to the absolute error of :func:`_log1p_over_x_fit`'s
+    ``degree`` (1.5e-7 by default): the exponent from the bits (:func:`_split_exponent`) and
+    ``f P(f)`` with ``degree + 1`` multiply-adds, no division. Enough for a first guess and for a
+    Fritsch step that another step follows (module docstring)."""
+    coefficients = _log1p_over_x_fit(degree)
     k, f = _split_exponent(x)
-    poly = jnp.full_like(f, _ROUGH_LOG_COEFFICIENTS[-1])
-    for c in reversed(_ROUGH_LOG_COEFFICIENTS[:-1]):
+    poly = jnp.full_like(f, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
         poly = poly * f + c
     return k * math.log(2.0) + f * poly
 
@@ -236,25 +278,34 @@ def _log(x: jax.Array) -> jax.Array:
 
 
 def _winitzki_or_series(z: jax.Array, series: jax.Array, log1p) -> jax.Array:
-    """The first guess on ``W_0``: the branch-point series below z = -0.25, Winitzki's approximation
+    """The first guess on ``W_0``: the branch-point polynomial below z = -0.25, Winitzki's approximation
     ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above, with ``log1p`` the logarithm to use."""
     log1pz = log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
     return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(log1p(log1pz), 2.0 + log1pz)))
 
 
-def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
-    """W_0 to about 1e-7 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
+# Degrees of the rough logarithms in float64 W_0's start (:func:`_branch0_start`).
+_GUESS_LOG_DEGREE = 3
+_FIRST_STEP_LOG_DEGREE = 5
 
-    One float64 Fritsch step from a relative error e leaves about 0.015 e^4, far below float64's
-    rounding for e ~ 1e-7, so the first step needs no more than :func:`_rough_log` gives, and the
-    accurate logarithm is paid once, in the last step. The step takes the rough
-    logarithm of ``z / w`` (positive: z and w share their sign), one where ``log|z| - log|w|`` costs
-    two. Below |z| = 1e-4 the start is
-    ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
+
+def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
+    """W_0 to about 1e-5 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
+
+    The error budget, from the last step back. A Fritsch step from a relative error e leaves about
+    0.015 e^4, so the last step (with the accurate logarithm) ends at rounding from any e below 1e-4.
+    The first step from the guess's error e0 ends at about 0.015 e0^4 + delta / (1 + w), delta its
+    logarithm's absolute error: with ``_FIRST_STEP_LOG_DEGREE`` (delta 5.7e-6) and 1 + w >= 0.38
+    wherever the step's result is used (|p| >= 0.45), below 1.5e-5. The guess is Winitzki's
+    approximation (within 3.6% of W, its worst at z = -0.25), whose two logarithms may err by 2.2e-4
+    (``_GUESS_LOG_DEGREE``), or below z = -0.25 the branch-point polynomial (1e-7). The step takes the rough logarithm of ``z / w``
+    (positive: z and w share their sign), one where ``log|z| - log|w|`` costs two. Below |z| = 1e-4
+    the start is ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)``
+    too coarsely.
     """
-    w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x))
+    w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x, _GUESS_LOG_DEGREE))
     w_nz = jnp.where(w == 0, 1.0, w)
-    w = _fritsch_step(w, _rough_log(_over(z, w_nz)))
+    w = _fritsch_step(w, _rough_log(_over(z, w_nz), _FIRST_STEP_LOG_DEGREE))
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
@@ -262,7 +313,7 @@ def _branch0(z: jax.Array) -> jax.Array:
     hi, _ = _inv_e_split(z.dtype)
     delta = _distance_to_branch_point(z)
     p = jnp.sqrt(2.0 * delta)
-    series = _branch_point_series(p)
+    series = _branch_point_series(p, 0)
     # z/w -> 1 as z -> 0; keep the ratio defined there and patch z == 0 below.
     z_nz = jnp.where(z == 0, 1.0, z)
     if z.dtype == jnp.float64:
@@ -283,7 +334,7 @@ def _branch_m1(s: jax.Array, delta: jax.Array) -> jax.Array:
     The iteration uses log(z / w) = s - log(-w): the ratio z / w itself underflows for tiny z.
     """
     p = -jnp.sqrt(2.0 * jnp.maximum(delta, 0.0))
-    series = _branch_point_series(p)
+    series = _branch_point_series(p, -1)
     # float64: the guess and the first step take the rough logarithm, the last fdlibm's (module
     # docstring); -l1 and -w are at least 1, so both see positive normal numbers only.
     rough_log, last_log = (_rough_log, _log) if s.dtype == jnp.float64 else (jnp.log, jnp.log)
@@ -300,7 +351,11 @@ def _branch_m1_of_z(z: jax.Array) -> jax.Array:
     hi, _ = _inv_e_split(z.dtype)
     delta = _distance_to_branch_point(z)
     z_neg = jnp.where(z < 0, z, -1.0)
-    w = _branch_m1(jnp.log(-z_neg), delta)
+    if z.dtype == jnp.float64:  # fdlibm's log vectorises, XLA's float64 one does not (see _log)
+        s = _log(jnp.maximum(-z_neg, np.finfo(np.float64).tiny))  # subnormal z reads as 0 (flushed), patched below
+    else:
+        s = jnp.log(-z_neg)
+    w = _branch_m1(s, delta)
     w = jnp.where(z == 0, -jnp.inf, w)
     return jnp.where((z >= -hi) & (z <= 0), w, jnp.nan)
 

@@ -5,13 +5,24 @@ import pytest
 import scipy.special
 
 from experiments.benchmarks.inference import reached_share
-from experiments.benchmarks.numerics import lambertw_points
+from experiments.benchmarks.numerics import interleaved_medians, lambertw_points
 
 
 def test_lambert_w_points_lie_inside_the_real_domain_of_both_branches():
     for k in (0, -1):
         z = lambertw_points(k, 1000)
         assert z.min() >= -1 / np.e and np.isfinite(scipy.special.lambertw(z, k).real).all()
+
+
+def test_timed_sides_are_called_in_turn_and_reported_by_their_medians(monkeypatch):
+    import experiments.benchmarks.numerics as numerics
+
+    calls, clock = [], iter(np.arange(100.0))
+    monkeypatch.setattr(numerics.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(numerics.time, "process_time", lambda: 0.0)
+    wall, cpu = interleaved_medians([lambda: calls.append("a"), lambda: calls.append("b")], 3)
+    assert calls == ["a", "b"] * 3  # never one side's repeats in a row
+    assert wall == [1.0, 1.0] and cpu == [0.0, 0.0]
 
 
 def test_the_share_of_starts_reaching_the_optimum_counts_only_those_within_the_tolerance():

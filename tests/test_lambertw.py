@@ -211,3 +211,25 @@ def test_the_logarithms_inside_float64_w_match_mpmath():
     ulps = np.abs(got - want) / np.spacing(np.maximum(np.abs(want), np.finfo(np.float64).tiny))
     assert ulps.max() <= 1.0
     assert np.abs(np.asarray(jax.jit(_rough_log)(jnp.asarray(x))) - want).max() <= 1.6e-7
+    # The cheaper ones of W_0's guess and first step, at the errors its budget assumes.
+    for degree, bound in ((3, 2.3e-4), (5, 5.8e-6)):
+        rough = jax.jit(lambda v, degree=degree: _rough_log(v, degree))
+        assert np.abs(np.asarray(rough(jnp.asarray(x))) - want).max() <= bound, degree
+
+
+@pytest.mark.parametrize("branch", [0, -1])
+def test_branch_point_polynomial_matches_mpmath(branch):
+    """The interpolant's float64 coefficients, summed in 40 digits, against W at the same p: within
+    4e-18 where it is the answer (|p| <= 0.45), within 2e-7 where it seeds the iteration (to 0.81)."""
+    from sdsl_jax.lambertw import _branch_point_polynomial_coefficients
+
+    coefficients = [mpmath.mpf(c) for c in _branch_point_polynomial_coefficients(branch)]
+    sign = 1 if branch == 0 else -1
+    with mpmath.workdps(40):
+        def error(p):
+            p = mpmath.mpf(sign * p)
+            exact = mpmath.lambertw((p**2 / 2 - 1) / mpmath.e, branch).real
+            return float(abs((-1 + p * sum(c * p**j for j, c in enumerate(coefficients))) / exact - 1))
+
+        assert max(error(p) for p in np.linspace(0.0, 0.45, 301)) <= 4e-18
+        assert max(error(p) for p in np.linspace(0.45, 0.81, 40)) <= 2e-7

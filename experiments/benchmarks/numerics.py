@@ -64,7 +64,24 @@ def near_branch_point_points(n: int) -> np.ndarray:
     return z[z >= np.nextafter(-1 / np.e, 0.0)]
 
 
+def interleaved_medians(fns, repeats: int) -> tuple[list[float], list[float]]:
+    """Median wall-clock and CPU seconds (this process's, every thread's) of each of ``fns``, called in
+    turn ``repeats`` times: each side meets the same machine state (the allocator's, other load) as the
+    others, where timing one side's repeats and then the other's would let a passing state favour one."""
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall[i].append(time.perf_counter() - start)
+            cpu[i].append(time.process_time() - start_cpu)
+    return [float(np.median(t)) for t in wall], [float(np.median(t)) for t in cpu]
+
+
 def bench_lambertw(points: int, repeats: int) -> list[dict]:
+    """Both branches against SciPy on the same points: wall-clock and CPU time (JAX's program runs on
+    every core, SciPy's loop on one, so the CPU-time ratio is the one per core), medians of three times
+    ``repeats`` calls of each side in turn; each side's accuracy against mpmath."""
     mpmath.mp.dps = 50
     rows = []
     for k in (0, -1):
@@ -74,11 +91,8 @@ def bench_lambertw(points: int, repeats: int) -> list[dict]:
         start = time.perf_counter()
         fn(zj).block_until_ready()
         compile_s = time.perf_counter() - start
-        for _ in range(3):  # the first calls after compiling run up to twice as long (allocation, threads)
-            fn(zj).block_until_ready()
-            scipy.special.lambertw(z, k)
-        t_jax = median_time(lambda: fn(zj).block_until_ready(), repeats)
-        t_scipy = median_time(lambda: scipy.special.lambertw(z, k), repeats)
+        (t_jax, t_scipy), (cpu_jax, cpu_scipy) = interleaved_medians(
+            [lambda: fn(zj).block_until_ready(), lambda: scipy.special.lambertw(z, k)], 3 * repeats)
         sub = np.concatenate([z[:: max(1, points // 2000)], near_branch_point_points(300)])
         want = np.array([float(mpmath.lambertw(mpmath.mpf(float(x)), k).real) for x in sub])
         err_jax = np.max(np.abs(np.asarray(fn(jnp.asarray(sub))) - want) / np.abs(want))
@@ -86,12 +100,14 @@ def bench_lambertw(points: int, repeats: int) -> list[dict]:
         rows.append(
             dict(
                 name=f"lambertw k={k}", n=points, jax_s=t_jax, baseline_s=t_scipy, speedup=t_scipy / t_jax,
+                jax_cpu_s=cpu_jax, baseline_cpu_s=cpu_scipy, cpu_speedup=cpu_scipy / cpu_jax,
                 compile_s=compile_s, jax_max_rel_err=float(err_jax), baseline_max_rel_err=float(err_scipy),
             )
         )
         print(
-            f"lambertw k={k:>2}: {points:.0e} points  jax {t_jax * 1e3:8.1f} ms  scipy {t_scipy * 1e3:8.1f} ms  "
-            f"ratio {t_scipy / t_jax:6.1f}x   max rel err vs mpmath: jax {err_jax:.1e}, scipy {err_scipy:.1e}",
+            f"lambertw k={k:>2}: {points:.0e} points  jax {t_jax * 1e3:7.1f} ms (CPU {cpu_jax * 1e3:6.1f})  "
+            f"scipy {t_scipy * 1e3:7.1f} ms (CPU {cpu_scipy * 1e3:6.1f})  ratio {t_scipy / t_jax:5.1f}x "
+            f"(CPU time {cpu_scipy / cpu_jax:4.1f}x)   max rel err vs mpmath: jax {err_jax:.1e}, scipy {err_scipy:.1e}",
             flush=True,
         )
     return rows
