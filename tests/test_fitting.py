@@ -84,6 +84,20 @@ def test_multistart_keeps_the_best_and_reports_convergence():
     assert not np.any(capped.all_converged) and int(capped.all_num_steps.max()) == 3
 
 
+def test_progress_counts_starts_that_have_run_not_starts_dispatched(monkeypatch):
+    from sdsl_jax.infer import point
+
+    events = []
+    real_wait = point.jax.block_until_ready
+    monkeypatch.setattr(point.jax, "block_until_ready", lambda x: events.append("waited") or real_wait(x))
+    starts = jnp.tile(jnp.array([[-1.5, 2.0], [1.2, 1.2]]), (70, 1))  # 140 starts: three compiled calls
+    fit_multistart(rosenbrock, starts, args=(jnp.asarray(100.0),), one_by_one=True,
+                   progress=lambda r, a, n: events.append((r, a)))
+    reports = [i for i, e in enumerate(events) if e != "waited"]
+    assert [events[i] for i in reports] == [(1, 76), (2, 12), (3, 0)]
+    assert all(events[i - 1] == "waited" for i in reports)  # each report after its call has run
+
+
 def regularised_logistic_loss(theta, features, labels):
     # Strictly convex and smooth: every start converges to the one minimum, superlinearly at the end,
     # so the step at which a start's gradient falls below a gtol well above the rounding floor (about

@@ -310,6 +310,9 @@ def _fit_multistart(objective, starts, args, max_steps, ftol, gtol, chunk_size, 
             indices = np.arange(call * _STARTS_PER_CALL, (call + 1) * _STARTS_PER_CALL)  # the last call padded
             carry = _run_one_by_one(objective, carry, indices, tuple(args), *limits, linesearch=linesearch)
             if progress is not None:
+                # JAX returns before the call has run: without waiting, the report would count starts
+                # dispatched, not run (and say "0 left" seconds before they are).
+                jax.block_until_ready(carry)
                 progress(call + 1, max(0, num_starts - (call + 1) * _STARTS_PER_CALL), num_starts)
     active = np.zeros(num_starts, bool) if one_by_one else np.asarray(_keep_going_all(carry, *limits))
     rounds = 0
