@@ -166,7 +166,12 @@ def test_a_run_that_fails_its_checks_runs_again_longer_from_new_starts():
     assert still.diagnostics.attempts == 3 and not still.diagnostics.ok  # the last run, failed, is returned
 
 
-def test_progress_reports_warm_up_and_draws_and_changes_no_draw():
+@pytest.mark.parametrize("one_piece_below_s", [0.0, float("inf")])
+def test_progress_reports_warm_up_and_draws_and_changes_no_draw(one_piece_below_s, monkeypatch):
+    from sdsl_jax.infer import sampler
+
+    # Draws expected to be long run in pieces, each reported; short ones in one piece.
+    monkeypatch.setattr(sampler, "ONE_PIECE_BELOW_S", one_piece_below_s)
     rng = np.random.default_rng(3)
     x, y = rng.uniform(5, 60, 40), rng.uniform(3, 20, 40)
     alpha = SDSL2026.A * x + SDSL2026.B * y + SDSL2026.C + rng.normal(0, 0.02, 40)
@@ -178,8 +183,15 @@ def test_progress_reports_warm_up_and_draws_and_changes_no_draw():
         np.testing.assert_array_equal(pieces.samples[k], whole.samples[k])
     assert pieces.diagnostics == whole.diagnostics
     assert lines[0].startswith("warm-up: 2 chains x 50 iterations") and "draws 0/100" in lines[1]
-    assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/100" for k in range(20, 101, 20)]
+    reported = [k for k in range(20, 101, 20)] if one_piece_below_s == 0 else [100]
+    assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/100" for k in reported]
     assert all("s left" in line for line in lines[3:-1]) and "left" not in lines[-1]
+    if one_piece_below_s:  # the cached sampler ran the draws whole: it keeps its piece length for the next run
+        monkeypatch.setattr(sampler, "ONE_PIECE_BELOW_S", 0.0)
+        lines = []
+        again = sample_plane(x, y, alpha, progress=lines.append, **kw)
+        assert [line.split(" per chain")[0] for line in lines[2:]] == [f"draws {k}/100" for k in range(20, 101, 20)]
+        np.testing.assert_array_equal(again.samples["A"], whole.samples["A"])
 
 
 def test_propagation_of_identical_draws_collapses_to_the_point_solution():

@@ -296,7 +296,8 @@ def run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmu
               progress_bar, target_accept, summarize, dense_mass=False,
               progress: Callable[[str], None] | None = None) -> PosteriorRun:
     """NUTS in one compiled run, or with ``progress``: warm-up, then the draws in about five pieces,
-    each reported with the draws done and the time left. Continuing from the last state draws
+    each reported with the draws done and the time left (in one piece when they are expected to be
+    short: :data:`ONE_PIECE_BELOW_S`). Continuing from the last state draws
     exactly what one run draws (same keys, same adapted step size and mass matrix)."""
     release_compiled_programs_when_crowded()
     shapes = tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf).__name__)))
@@ -328,6 +329,13 @@ def run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmu
                                                           max_tree_depth=MAX_TREE_DEPTH))
 
 
+ONE_PIECE_BELOW_S = 10.0
+"""Draws expected to take less than this many seconds (the warm-up's time per iteration, compilation
+included, times the draws) run in one piece: each piece of parallel chains is traced and lowered again
+by NumPyro, about half a second on a small posterior, which a short run would spend on reports it
+does not need."""
+
+
 def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples, extra_fields,
                    progress) -> list:
     chunk = mcmc.num_samples
@@ -338,7 +346,17 @@ def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, 
         # JAX dispatches asynchronously: without waiting, the warm-up's time would be reported as
         # the first piece of draws'.
         jax.block_until_ready(mcmc.post_warmup_state)
-        progress(f"warm-up done in {time.perf_counter() - start:.0f} s; draws 0/{num_samples} per chain")
+        warmup_s = time.perf_counter() - start
+        progress(f"warm-up done in {warmup_s:.0f} s; draws 0/{num_samples} per chain")
+        if chunk < num_samples and warmup_s * num_samples / max(num_warmup, 1) < ONE_PIECE_BELOW_S:
+            mcmc.num_samples = num_samples  # the cached object's own length is restored below
+            try:
+                mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
+            finally:
+                mcmc.num_samples = chunk
+            pieces = [(mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True))]
+            progress(f"draws {num_samples}/{num_samples} per chain")
+            return pieces
         start, pieces = time.perf_counter(), []
         for done in range(chunk, num_samples + 1, chunk):
             mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
