@@ -100,10 +100,20 @@ def test_unknown_effect_coordinates_are_refused():
 
 @pytest.mark.slow
 def test_projected_posterior_matches_the_non_centred_one():
+    # The same model in other coordinates, so the same posterior, where both runs have mixed: their
+    # chains agree and hold enough effective draws (the library's checks), after the shipped policy's reruns (without them a
+    # chain of either run can stick, and the means of a stuck run say nothing). On this design a few
+    # divergent transitions remain in both coordinates at every target acceptance the reruns reach
+    # (0.975): the comparison tolerates them, under 0.5% of the draws.
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
-    kw = dict(draft=di, target=ti, num_chains=2, num_warmup=400, num_samples=600, seed=0, progress_bar=False)
+    kw = dict(draft=di, target=ti, num_chains=2, num_warmup=400, num_samples=600, seed=0, progress_bar=False,
+              retries=2)
     old = infer.sample_plane(x, y, alpha, effects="non-centred", **kw)
     new = infer.sample_plane(x, y, alpha, effects="projected", **kw)
+    for run in (old, new):  # every check passed but for those few divergences
+        d = run.diagnostics
+        assert all("divergent" in problem for problem in d.problems), d
+        assert d.num_divergences < 0.005 * run.samples["A"].size, d
     for site in ("A", "B", "C", "draft_sd", "sigma"):
         a, b = old.samples[site], new.samples[site]
         assert abs(a.mean() - b.mean()) < 0.25 * a.std(), site
