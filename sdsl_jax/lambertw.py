@@ -298,10 +298,10 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     logarithm's absolute error: with ``_FIRST_STEP_LOG_DEGREE`` (delta 5.7e-6) and 1 + w >= 0.38
     wherever the step's result is used (|p| >= 0.45), below 1.5e-5. The guess is Winitzki's
     approximation (within 3.6% of W, its worst at z = -0.25), whose two logarithms may err by 2.2e-4
-    (``_GUESS_LOG_DEGREE``), or below z = -0.25 the branch-point polynomial (1e-7). The step takes the rough logarithm of ``z / w``
-    (positive: z and w share their sign), one where ``log|z| - log|w|`` costs two. Below |z| = 1e-4
-    the start is ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round ``log(1 + z)``
-    too coarsely.
+    (``_GUESS_LOG_DEGREE``), or below z = -0.25 the branch-point polynomial (1e-7). The step takes
+    the rough logarithm of ``z / w`` (positive: z and w share their sign), one where
+    ``log|z| - log|w|`` costs two. Below |z| = 1e-4 the start is ``z (1 - z)`` (relative error
+    1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
     w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x, _GUESS_LOG_DEGREE))
     w_nz = jnp.where(w == 0, 1.0, w)

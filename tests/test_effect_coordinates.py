@@ -101,10 +101,10 @@ def test_unknown_effect_coordinates_are_refused():
 @pytest.mark.slow
 def test_projected_posterior_matches_the_non_centred_one():
     # The same model in other coordinates, so the same posterior, where both runs have mixed: their
-    # chains agree and hold enough effective draws (the library's checks), after the shipped policy's reruns (without them a
-    # chain of either run can stick, and the means of a stuck run say nothing). On this design a few
-    # divergent transitions remain in both coordinates at every target acceptance the reruns reach
-    # (0.975): the comparison tolerates them, under 0.5% of the draws.
+    # chains agree and hold enough effective draws (the library's checks), after the shipped policy's
+    # reruns (without them a chain of either run can stick, and the means of a stuck run say nothing).
+    # On this design a few divergent transitions remain in both coordinates at every target acceptance
+    # the reruns reach (0.975): the comparison tolerates them, under 0.5% of the draws.
     x, y, alpha, di, ti = _crossed_pairs(np.random.default_rng(3))
     kw = dict(draft=di, target=ti, num_chains=2, num_warmup=400, num_samples=600, seed=0, progress_bar=False,
               retries=2)
