@@ -332,8 +332,8 @@ def run_nuts(model, model_args, *, init_params, var_names, num_chains, num_warmu
 ONE_PIECE_BELOW_S = 10.0
 """Draws expected to take less than this many seconds (the warm-up's time per iteration, compilation
 included, times the draws) run in one piece: each piece of parallel chains is traced and lowered again
-by NumPyro, about half a second on a small posterior, which a short run would spend on reports it
-does not need."""
+by NumPyro (docs/benchmarks.md, `make fit`), a cost a short run would pay for reports it does not
+need."""
 
 
 def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, num_samples, extra_fields,
