@@ -10,25 +10,29 @@ from sdsl_jax.loss_laws import DataLaw
 from sdsl_jax.data import PretrainingRuns
 
 
-def synthetic_runs(seed=0, sigma=0.03, law=HOFFMANN2022):
+def synthetic_runs(seed=0, sigma=0.03, law=HOFFMANN2022, budgets=6):
     rng = np.random.default_rng(seed)
-    n, d = (v.ravel() for v in np.meshgrid(np.geomspace(5e7, 5e9, 4), np.geomspace(2e10, 4e11, 6)))
+    n, d = (v.ravel() for v in np.meshgrid(np.geomspace(5e7, 5e9, 4), np.geomspace(2e10, 4e11, budgets)))
     loss = np.asarray(law.loss(n, d)) * np.exp(sigma * rng.standard_t(8.0, n.size))
     empty = (None,) * n.size
     return PretrainingRuns(n_params=n, n_tokens=d, loss=loss, name=empty, flops=np.full(n.size, np.nan), source=empty)
 
 
-@pytest.mark.parametrize("family", ["data", pytest.param("chinchilla", marks=pytest.mark.slow)])
-def test_predictive_bands_cover_held_out_sizes_and_mean_only_bands_do_not(family):
+@pytest.mark.parametrize("family, budgets", [("data", 6), pytest.param("chinchilla", 12, marks=pytest.mark.slow)])
+def test_predictive_bands_cover_held_out_sizes_and_mean_only_bands_do_not(family, budgets):
     # Runs drawn from a known law of the family with a Student-t residual; the fast version uses
     # the 3-coefficient family (150 starts), the slow one the paper's (1,500 of its 4,500 starts).
+    # The paper's law fitted to three sizes of six budgets each leaves its mean curve so uncertain at
+    # the held-out size that the mean-only band covers 0.75-0.83 of the points over NUTS seeds 0-5
+    # (0.96-1.0 for the predictive band): too close for the margin below to be a claim. Twelve
+    # budgets per size narrow the mean curve, not the residual: 0.54-0.69 against 0.96-1.0.
     law = DataLaw(E=1.7, B=410.0, beta=0.28) if family == "data" else HOFFMANN2022
-    record = holdout.run_holdout(synthetic_runs(law=law), None, laws=[family], acceptance_models=[], chains=1,
-                                 warmup=100, draws=200, seed=0, starts_every=1 if family == "data" else 3,
+    record = holdout.run_holdout(synthetic_runs(law=law, budgets=budgets), None, laws=[family], acceptance_models=[],
+                                 chains=1, warmup=100, draws=200, seed=0, starts_every=1 if family == "data" else 3,
                                  log=lambda *_: None)
     r = record["laws"][family]
-    assert r["held_out_points"] == 24
-    # 24 held-out runs: a binomial standard deviation of 0.061 around 0.90.
+    assert r["held_out_points"] == 4 * budgets
+    # 24 held-out runs: a binomial standard deviation of 0.061 around 0.90 (48: 0.043).
     assert 0.75 <= r["coverage_90"] <= 1.0
     assert r["coverage_90_mean_only"] < r["coverage_90"] - 0.2  # the law's mean alone is overconfident
     assert np.isfinite(r["log_predictive_density"]) and r["forward_extrapolation"]["rmse"] < 0.1
