@@ -34,8 +34,6 @@ __all__ = [
     "sample_loss_law",
     "loss_law_numpyro_model",
     "rerun_until_checked",
-    "rerun_settings",
-    "raised_target_accept",
     "DATA_CENTRE_KEYS",
     "pointwise_log_likelihood",
     "Identification",
@@ -146,19 +144,16 @@ def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun],
                         progress: Callable[[str], None] | None = None) -> PosteriorRun:
     """``attempt(warmup, draws, target_accept, seed)``, run again while its checks fail, at most
     ``retries`` more times, each time from new prior starts with twice the warm-up and the draws
-    (too few effective draws is the commonest failure, :func:`rerun_settings`). The target
-    acceptance is raised (:func:`raised_target_accept`) only after a run with divergent transitions:
-    smaller steps are what divergences need, and for anything else they only lengthen every
-    trajectory. The last run is returned: its diagnostics say whether it passed, and a form whose
-    posterior still fails gets no weight in stacking (:mod:`sdsl_jax.compare`).
+    (too few effective draws is the commonest failure) and a higher target acceptance (smaller
+    steps, fewer divergences). The last run is returned: its diagnostics say whether it passed,
+    and a form whose posterior still fails gets no weight in stacking (:mod:`sdsl_jax.compare`).
     """
     out = attempt(num_warmup, num_samples, target_accept, seed)
-    accept_k = target_accept
     for k in range(1, retries + 1):
         if out.diagnostics is None or out.diagnostics.ok:
             break
-        warmup_k, samples_k, seed_k = rerun_settings(k, num_warmup=num_warmup, num_samples=num_samples, seed=seed)
-        accept_k = raised_target_accept(accept_k) if out.diagnostics.num_divergences else accept_k
+        warmup_k, samples_k, accept_k, seed_k = rerun_settings(k, num_warmup=num_warmup, num_samples=num_samples,
+                                                               target_accept=target_accept, seed=seed)
         if progress is not None:
             progress(f"failed its checks ({'; '.join(out.diagnostics.problems)}): run again from new starts, "
                      f"{warmup_k} warm-up + {samples_k} draws per chain, target acceptance {accept_k:.3f}")
@@ -167,16 +162,12 @@ def rerun_until_checked(attempt: Callable[[int, int, float, int], PosteriorRun],
     return out
 
 
-def rerun_settings(k: int, *, num_warmup: int, num_samples: int, seed: int) -> tuple[int, int, int]:
-    """The ``k``-th rerun's warm-up, draws and seed (:func:`rerun_until_checked`): 2^k times the
-    warm-up and draws, new starts from ``seed + 1000 k``."""
-    return num_warmup * 2 ** k, num_samples * 2 ** k, seed + 1000 * k
-
-
-def raised_target_accept(target_accept: float) -> float:
-    """The target acceptance of a rerun after divergent transitions: its distance from 1 halved
-    (0.9 -> 0.95 -> 0.975), so that the adapted step is smaller."""
-    return 1.0 - (1.0 - target_accept) / 2.0
+def rerun_settings(k: int, *, num_warmup: int, num_samples: int, target_accept: float,
+                   seed: int) -> tuple[int, int, float, int]:
+    """The ``k``-th rerun's warm-up, draws, target acceptance and seed (:func:`rerun_until_checked`):
+    2^k times the warm-up and draws, the distance of the target acceptance from 1 halved k times,
+    new starts from ``seed + 1000 k``."""
+    return num_warmup * 2 ** k, num_samples * 2 ** k, 1.0 - (1.0 - target_accept) / 2 ** k, seed + 1000 * k
 
 
 def loss_law_numpyro_model(family: LossLawFamily, n_params: ArrayLike, n_tokens: ArrayLike, *,

@@ -186,7 +186,8 @@ def fit_forms(runs, pairs, *, families, models, starts_every: int, chains: int, 
         if not again:
             break
         # The target acceptance is each posterior's own; the rest follows the sampler's reruns.
-        warmup_k, draws_k, seed_k = rerun_settings(k, num_warmup=warmup, num_samples=draws, seed=seed)
+        warmup_k, draws_k, _, seed_k = rerun_settings(k, num_warmup=warmup, num_samples=draws, target_accept=0.0,
+                                                      seed=seed)
         for kind, name in again:
             log(f"  forms: {name}'s posterior failed its checks and would carry weight: run again from new "
                 f"starts, {warmup_k} warm-up + {draws_k} draws per chain")
