@@ -38,7 +38,11 @@ Sections:
               against scaled to a least-squares fit (sample_plane(coefficients="data-scaled"), chains
               dispersed about it); --accept-models, --effect-seeds, --warmup-prior-starts.
   breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
-              family's 0.99: runs passing their checks and divergences (--effect-seeds runs each).
+              family's 0.99: runs passing their checks, divergences and steps per draw (--effect-seeds
+              runs each, --reruns reruns of a failing run).
+  reruns      a failing posterior run again with the target acceptance raised on every rerun (shipped)
+              against raised only after divergent transitions: Kaplan's law on the first ladder's
+              closure refits, runs passing and steps per draw (--effect-seeds runs each).
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
               span of D (shipped) against a break anywhere: steps per draw, draws at the tree-depth
               cap, ESS, draws whose loss rises with D after the break (--effect-seeds seeds each).
@@ -62,7 +66,7 @@ import jax
 from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_acceptance_warmup, bench_break_acceptance, bench_break_prior, bench_calibration,
                                               bench_effect_sides, bench_effects_target_accept, bench_loss_law_fit,
-                                              bench_nuts_geometry, bench_nuts_reuse)
+                                              bench_nuts_geometry, bench_nuts_reuse, bench_rerun_policy)
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
                                              machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
@@ -73,7 +77,7 @@ SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms":
             "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
             "effects": bench_effect_sides, "accept": bench_effects_target_accept, "warmup": bench_acceptance_warmup,
-            "breaks": bench_break_acceptance,
+            "breaks": bench_break_acceptance, "reruns": bench_rerun_policy,
             "break-prior": bench_break_prior,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
@@ -95,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nuts-datasets", type=int, default=10,
                         help="same-shaped datasets sampled one after the other in the NUTS section (default 10)")
     parser.add_argument("--effect-seeds", type=int, default=6,
-                        help="NUTS runs per variant and data set in the effects, accept and breaks sections "
-                             "(default 6)")
+                        help="NUTS runs per variant and data set in the effects, accept, breaks and reruns "
+                             "sections (default 6)")
+    parser.add_argument("--reruns", type=int, default=0,
+                        help="reruns of a posterior that fails its checks in the breaks section (default 0)")
     parser.add_argument("--accept-models", default="",
                         help="the accept section's acceptance models, comma-separated (default: all)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in args.accept_models.split(",") if m and m not in ACCEPTANCE_MODELS]
     if unknown:
         parser.error(f"--accept-models: unknown model(s) {unknown}; choose from {','.join(ACCEPTANCE_MODELS)}")
+    if args.reruns < 0:
+        parser.error(f"--reruns must be at least 0, got {args.reruns}")
     for name in ("points", "targets", "form_targets", "repeats", "scipy_starts", "calibration_datasets", "nuts_datasets",
                  "effect_seeds"):
         if getattr(args, name) < 1:
@@ -147,7 +155,9 @@ def run_benchmarks(args, argv) -> int:
             results += bench_acceptance_warmup(args.effect_seeds, [m for m in args.accept_models.split(",") if m],
                                                prior_starts=args.warmup_prior_starts)
         elif name == "breaks":
-            results += bench_break_acceptance(args.effect_seeds)
+            results += bench_break_acceptance(args.effect_seeds, args.reruns)
+        elif name == "reruns":
+            results += bench_rerun_policy(args.effect_seeds)
         elif name == "break-prior":
             results += bench_break_prior(args.effect_seeds)
         elif name == "scaling":

@@ -54,3 +54,24 @@ def test_every_family_of_the_forms_benchmark_is_fitted_to_runs_that_identify_it(
     for family in FAMILIES.values():
         runs = load_pretraining(forms_pretraining(family.name))
         check_loss_law_data(runs.n_params, runs.n_tokens, runs.loss, family=family)  # raises if not
+
+
+def test_the_rerun_benchmark_raises_the_alternative_target_acceptance_only_after_divergences(monkeypatch, capsys):
+    from experiments.benchmarks.inference import bench_rerun_policy
+    from sdsl_jax import infer
+    from sdsl_jax.infer import Diagnostics, PosteriorRun
+
+    calls = []
+    # The alternative's runs of one data set: R-hat alone, then divergent, then passing.
+    outcomes = {500: (0, ("R-hat",)), 1000: (2, ("2 divergent",)), 2000: (0, ())}
+
+    def fake(*_, num_warmup, target_accept=None, retries=0, **kw):
+        calls.append((num_warmup, target_accept, retries))
+        divergent, problems = (0, ()) if retries else outcomes[num_warmup]
+        return PosteriorRun({}, None, Diagnostics(1.0, 500.0, divergent, not problems, problems, median_steps=63.0))
+
+    monkeypatch.setattr(infer, "sample_loss_law", fake)
+    rows = bench_rerun_policy(seeds=1)
+    assert len(rows) == 3 and calls[0] == (500, None, 2)  # the shipped side: the library's own reruns
+    assert calls[1:4] == [(500, 0.9, 0), (1000, 0.9, 0), (2000, pytest.approx(0.95), 0)]
+    assert rows[0]["raised only after divergences"]["runs"][0]["attempts"] == 3

@@ -420,10 +420,11 @@ def bench_break_prior(seeds: int = 2) -> list[dict]:
                  steps_ratio=ratio)]
 
 
-def bench_break_acceptance(seeds: int = 3) -> list[dict]:
-    """The one-break law's posterior on the ladder (run effects, 4 x (500 + 500), no reruns) at NUTS's
-    default target acceptance 0.9 against the family's 0.99, on all runs and without the 74k size
-    (a closure's refit): how many of ``seeds`` runs pass their checks, and their divergences."""
+def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
+    """The one-break law's posterior on the ladder (run effects, 4 x (500 + 500), ``reruns`` reruns of
+    a run that fails its checks) at NUTS's default target acceptance 0.9 against the family's 0.99, on
+    all runs and without the 74k size (a closure's refit): how many of ``seeds`` runs pass their
+    checks, their divergences, leapfrog steps per draw and attempts."""
     from sdsl_jax import infer
     from sdsl_jax.data import load_pretraining
     from sdsl_jax.loss_laws import BROKEN_POWER_LAW
@@ -441,18 +442,82 @@ def bench_break_acceptance(seeds: int = 3) -> list[dict]:
                 start = time.perf_counter()
                 d = infer.sample_loss_law(kept.n_params, kept.n_tokens, kept.loss, family=BROKEN_POWER_LAW, run=run,
                                           num_chains=4, num_warmup=500, num_samples=500, seed=seed, progress_bar=False,
-                                          target_accept=accept).diagnostics
+                                          target_accept=accept, retries=reruns).diagnostics
                 outs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, divergences=d.num_divergences,
-                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat))
+                                 min_ess=d.min_ess_bulk, max_rhat=d.max_rhat, median_steps=d.median_steps,
+                                 attempts=d.attempts))
             summary = dict(runs=outs, passed=sum(o["ok"] for o in outs), divergences=sum(o["divergences"] for o in outs),
                            with_divergences=sum(o["divergences"] > 0 for o in outs),
                            worst_rhat=float(max(o["max_rhat"] for o in outs)),
+                           median_steps=[o["median_steps"] for o in outs],
                            median_seconds=float(np.median([o["seconds"] for o in outs])))
             result[f"target_accept_{accept}"] = summary
-            print(f"one-break law, {data_name}, target acceptance {accept}: {summary['passed']}/{seeds} runs pass their "
-                  f"checks, {summary['with_divergences']} with divergences ({summary['divergences']} in all), worst "
-                  f"R-hat {summary['worst_rhat']:.3f}, median {summary['median_seconds']:.1f} s", flush=True)
-        rows.append(dict(name=f"one-break law target acceptance {data_name}", seeds=seeds, **result))
+            print(f"one-break law, {data_name}, target acceptance {accept}, {reruns} reruns: {summary['passed']}/{seeds} "
+                  f"runs pass their checks, {summary['with_divergences']} with divergences ({summary['divergences']} in "
+                  f"all), worst R-hat {summary['worst_rhat']:.3f}, median leapfrog steps per draw "
+                  f"{', '.join(f'{m:.0f}' for m in summary['median_steps'])}, median {summary['median_seconds']:.1f} s",
+                  flush=True)
+        rows.append(dict(name=f"one-break law target acceptance {data_name}", seeds=seeds, reruns=reruns, **result))
+    return rows
+
+
+def bench_rerun_policy(seeds: int = 3) -> list[dict]:
+    """A posterior that fails its checks, run again: the shipped reruns (twice the warm-up and draws
+    and the target acceptance raised on every rerun, :func:`sdsl_jax.infer.posterior.rerun_until_checked`)
+    against raising it only after a run with divergent transitions (the rest the same). Kaplan's law on
+    the first ladder as the closure refits it (the runs up to the third size, without the third size,
+    all runs with every prior twice as wide), 4 x (500 + 500), two reruns, ``seeds`` runs each: runs
+    passing, leapfrog steps per draw of the last run, attempts and time."""
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.infer.posterior import rerun_settings
+    from sdsl_jax.loss_laws import KAPLAN
+
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
+    third = np.unique(runs.n_params)[2]
+    data = {f"up to the {third:.3g}-parameter size": (runs.select(runs.n_params <= third), 1.0),
+            f"without the {third:.3g}-parameter size": (runs.select(runs.n_params != third), 1.0),
+            "all runs, priors twice as wide": (runs, 2.0)}
+    reruns = 2
+
+    def sample(kept, width, **kw):
+        return infer.sample_loss_law(kept.n_params, kept.n_tokens, kept.loss, family=KAPLAN, run=kept.run_index()[0],
+                                     num_chains=4, progress_bar=False, prior_width=width, **kw).diagnostics
+
+    def raised_after_divergences(kept, width, seed):
+        d = sample(kept, width, num_warmup=500, num_samples=500, seed=seed, target_accept=KAPLAN.target_accept)
+        accept = KAPLAN.target_accept
+        for k in range(1, reruns + 1):
+            if d.ok:
+                break
+            warmup, draws, _, seed_k = rerun_settings(k, num_warmup=500, num_samples=500, target_accept=0.0, seed=seed)
+            if d.num_divergences:  # the shipped first rerun's raise, from this run's target acceptance
+                accept = rerun_settings(1, num_warmup=500, num_samples=500, target_accept=accept, seed=seed)[2]
+            d = sample(kept, width, num_warmup=warmup, num_samples=draws, seed=seed_k,
+                       target_accept=accept)._replace(attempts=k + 1)
+        return d
+
+    policies = {"shipped (raised on every rerun)": lambda kept, width, seed: sample(
+                    kept, width, num_warmup=500, num_samples=500, seed=seed, retries=reruns),
+                "raised only after divergences": raised_after_divergences}
+    rows = []
+    for data_name, (kept, width) in data.items():
+        result = {}
+        for policy, run_one in policies.items():
+            outs = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                d = run_one(kept, width, seed)
+                outs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, median_steps=d.median_steps,
+                                 attempts=d.attempts, divergences=d.num_divergences))
+            result[policy] = dict(runs=outs, passed=sum(o["ok"] for o in outs),
+                                  median_seconds=float(np.median([o["seconds"] for o in outs])))
+            steps = ", ".join(f"{o['median_steps']:.0f}" for o in outs)
+            attempts = ", ".join(str(o["attempts"]) for o in outs)
+            print(f"Kaplan's law, {data_name}, reruns {policy}: {result[policy]['passed']}/{seeds} pass their checks, "
+                  f"median leapfrog steps per draw {steps}, attempts {attempts}, median "
+                  f"{result[policy]['median_seconds']:.1f} s", flush=True)
+        rows.append(dict(name=f"rerun policy, Kaplan's law, {data_name}", seeds=seeds, reruns=reruns, **result))
     return rows
 
 
