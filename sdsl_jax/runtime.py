@@ -8,11 +8,19 @@ import os
 import sys
 import tempfile
 
-__all__ = ["COMPILE_CACHE_ENV", "default_compile_cache", "configure_jax"]
+__all__ = ["COMPILE_CACHE_ENV", "WIDE_CPU_VECTORS", "default_compile_cache", "configure_jax"]
 
 
 COMPILE_CACHE_ENV = "SDSL_JAX_COMPILE_CACHE"
 """Environment variable: the compilation-cache folder of the CLIs, or ``off``."""
+
+WIDE_CPU_VECTORS = {"xla_cpu_prefer_vector_width": 512}
+"""Compiler options for ``jax.jit(f, compiler_options=WIDE_CPU_VECTORS)``: XLA's CPU backend then
+vectorises with 512-bit registers where the CPU has them (AVX-512). XLA prefers 256-bit ones by
+default, since some CPUs lower their clock for 512-bit work; on those without the downclock the
+float64 Lambert W runs 1.6x faster per core, the same bits (``docs/benchmarks.md``). Elementwise
+programs give the same results either way; a reduction may sum in another order. Per program, not
+per process: the CLIs do not set it, so their results stay those of XLA's defaults."""
 
 
 def default_compile_cache() -> str | None:

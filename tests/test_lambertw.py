@@ -233,3 +233,14 @@ def test_branch_point_polynomial_matches_mpmath(branch):
 
         assert max(error(p) for p in np.linspace(0.0, 0.45, 301)) <= 4e-18
         assert max(error(p) for p in np.linspace(0.45, 0.81, 40)) <= 2e-7
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_wide_cpu_vectors_give_the_same_bits(k):
+    # WIDE_CPU_VECTORS is offered as a free speed-up of these programs: it must not move a bit.
+    from sdsl_jax.runtime import WIDE_CPU_VECTORS
+
+    z = jnp.asarray(np.concatenate([domain_points(np.float64, k), np.linspace(-1 / math.e, 0.0 if k else 5.0, 4001)[1:-1]]))
+    default = jax.jit(lambda x: lambertw(x, k))(z)
+    wide = jax.jit(lambda x: lambertw(x, k), compiler_options=WIDE_CPU_VECTORS)(z)
+    np.testing.assert_array_equal(np.asarray(wide), np.asarray(default))

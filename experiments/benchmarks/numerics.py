@@ -18,6 +18,7 @@ import scipy.special
 
 from experiments import numpy_reference
 from sdsl_jax import HOFFMANN2022, SDSL2026, SolveStatus, lambertw, solve_draft_size
+from sdsl_jax.runtime import WIDE_CPU_VECTORS
 
 
 def machine_description() -> str:
@@ -77,33 +78,44 @@ def interleaved_medians(fns, repeats: int) -> tuple[list[float], list[float]]:
 def bench_lambertw(points: int, repeats: int) -> list[dict]:
     """Both branches against SciPy on the same points: wall-clock and CPU time (JAX's program runs on
     every core, SciPy's loop on one, so the CPU-time ratio is the one per core), medians of three times
-    ``repeats`` calls of each side in turn; each side's accuracy against mpmath."""
+    ``repeats`` calls of each side in turn; each side's accuracy against mpmath. JAX twice: compiled
+    with XLA's defaults and with 512-bit vectors (:data:`sdsl_jax.runtime.WIDE_CPU_VECTORS`, the same
+    results where the CPU has them)."""
     mpmath.mp.dps = 50
     rows = []
     for k in (0, -1):
         z = lambertw_points(k, points)
         zj = jnp.asarray(z)
         fn = jax.jit(jax.vmap(lambda x: lambertw(x, k)))
+        wide = jax.jit(jax.vmap(lambda x: lambertw(x, k)), compiler_options=WIDE_CPU_VECTORS)
         start = time.perf_counter()
         fn(zj).block_until_ready()
         compile_s = time.perf_counter() - start
-        (t_jax, t_scipy), (cpu_jax, cpu_scipy) = interleaved_medians(
-            [lambda: fn(zj).block_until_ready(), lambda: scipy.special.lambertw(z, k)], 3 * repeats)
+        wide(zj).block_until_ready()
+        (t_jax, t_wide, t_scipy), (cpu_jax, cpu_wide, cpu_scipy) = interleaved_medians(
+            [lambda: fn(zj).block_until_ready(), lambda: wide(zj).block_until_ready(),
+             lambda: scipy.special.lambertw(z, k)], 3 * repeats)
         sub = np.concatenate([z[:: max(1, points // 2000)], near_branch_point_points(300)])
         want = np.array([float(mpmath.lambertw(mpmath.mpf(float(x)), k).real) for x in sub])
-        err_jax = np.max(np.abs(np.asarray(fn(jnp.asarray(sub))) - want) / np.abs(want))
+        got, got_wide = (np.asarray(f(jnp.asarray(sub))) for f in (fn, wide))
+        err_jax = np.max(np.abs(got - want) / np.abs(want))
+        err_wide = np.max(np.abs(got_wide - want) / np.abs(want))
         err_scipy = np.max(np.abs(scipy.special.lambertw(sub, k).real - want) / np.abs(want))
         rows.append(
             dict(
                 name=f"lambertw k={k}", n=points, jax_s=t_jax, baseline_s=t_scipy, speedup=t_scipy / t_jax,
                 jax_cpu_s=cpu_jax, baseline_cpu_s=cpu_scipy, cpu_speedup=cpu_scipy / cpu_jax,
                 compile_s=compile_s, jax_max_rel_err=float(err_jax), baseline_max_rel_err=float(err_scipy),
+                wide_vectors_s=t_wide, wide_vectors_cpu_s=cpu_wide, wide_vectors_speedup=t_scipy / t_wide,
+                wide_vectors_cpu_speedup=cpu_scipy / cpu_wide, wide_vectors_max_rel_err=float(err_wide),
             )
         )
         print(
             f"lambertw k={k:>2}: {points:.0e} points  jax {t_jax * 1e3:7.1f} ms (CPU {cpu_jax * 1e3:6.1f})  "
             f"scipy {t_scipy * 1e3:7.1f} ms (CPU {cpu_scipy * 1e3:6.1f})  ratio {t_scipy / t_jax:5.1f}x "
-            f"(CPU time {cpu_scipy / cpu_jax:4.1f}x)   max rel err vs mpmath: jax {err_jax:.1e}, scipy {err_scipy:.1e}",
+            f"(CPU time {cpu_scipy / cpu_jax:4.1f}x)   max rel err vs mpmath: jax {err_jax:.1e}, scipy {err_scipy:.1e}\n"
+            f"{'':19}512-bit vectors: jax {t_wide * 1e3:7.1f} ms (CPU {cpu_wide * 1e3:6.1f})  ratio "
+            f"{t_scipy / t_wide:5.1f}x (CPU time {cpu_scipy / cpu_wide:4.1f}x)   max rel err vs mpmath {err_wide:.1e}",
             flush=True,
         )
     return rows
