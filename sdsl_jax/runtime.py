@@ -18,7 +18,8 @@ WIDE_CPU_VECTORS = {"xla_cpu_prefer_vector_width": 512}
 """Compiler options for ``jax.jit(f, compiler_options=WIDE_CPU_VECTORS)``: XLA's CPU backend then
 vectorises with 512-bit registers where the CPU has them (AVX-512). XLA prefers 256-bit ones by
 default, since some CPUs lower their clock for 512-bit work; on those that do not, long elementwise
-programs such as the float64 Lambert W gain most (``docs/benchmarks.md`` has the comparison).
+programs such as the float64 Lambert W gain, and others can lose (the N* solver's loop runs slower):
+measure your program both ways (``docs/benchmarks.md`` has both comparisons).
 Elementwise programs give the same results either way; a reduction may sum in another order. Per
 program, not per process: the CLIs do not set it, so their results stay those of XLA's defaults."""
 
