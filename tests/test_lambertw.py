@@ -237,7 +237,7 @@ def test_branch_point_polynomial_matches_mpmath(branch):
 
 @pytest.mark.parametrize("k", [0, -1])
 def test_wide_cpu_vectors_give_the_same_bits(k):
-    # WIDE_CPU_VECTORS is offered as a free speed-up of these programs: it must not move a bit.
+    # WIDE_CPU_VECTORS is offered to speed up programs like these: it must not move a bit.
     from sdsl_jax.runtime import WIDE_CPU_VECTORS
 
     z = jnp.asarray(np.concatenate([domain_points(np.float64, k), np.linspace(-1 / math.e, 0.0 if k else 5.0, 4001)[1:-1]]))
