@@ -348,30 +348,25 @@ def _run_in_pieces(mcmc, model_args, init_params, seed, num_chains, num_warmup, 
         jax.block_until_ready(mcmc.post_warmup_state)
         warmup_s = time.perf_counter() - start
         progress(f"warm-up done in {warmup_s:.0f} s; draws 0/{num_samples} per chain")
-        if chunk < num_samples and warmup_s * num_samples / max(num_warmup, 1) < ONE_PIECE_BELOW_S:
+        if warmup_s * num_samples / max(num_warmup, 1) < ONE_PIECE_BELOW_S:
             mcmc.num_samples = num_samples  # the cached object's own length is restored below
-            try:
-                mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
-            finally:
-                mcmc.num_samples = chunk
-            pieces = [(mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True))]
-            progress(f"draws {num_samples}/{num_samples} per chain")
-            return pieces
+        piece = mcmc.num_samples
         start, pieces = time.perf_counter(), []
-        for done in range(chunk, num_samples + 1, chunk):
+        for done in range(piece, num_samples + 1, piece):
             mcmc.run(mcmc.post_warmup_state.rng_key, *model_args, extra_fields=extra_fields)
             pieces.append((mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)))
             mcmc.post_warmup_state = mcmc.last_state
             jax.block_until_ready(pieces[-1])
             now = time.perf_counter()
-            if done == chunk:  # the first piece also compiles the sampling loop: time the others
+            if done == piece:  # the first piece also compiles the sampling loop: time the others
                 start, left = now, None
             else:
-                left = (now - start) / (done - chunk) * (num_samples - done)
+                left = (now - start) / (done - piece) * (num_samples - done)
             progress(f"draws {done}/{num_samples} per chain"
                      + (f", about {left:.0f} s left" if left is not None and done < num_samples else ""))
     finally:
         mcmc.post_warmup_state = None  # the cached sampler starts the next call from its own warm-up
+        mcmc.num_samples = chunk
     return pieces
 
 
