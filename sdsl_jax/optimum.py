@@ -179,6 +179,10 @@ _SHIFTS = tuple(_van_der_corput(r) for r in range(8))
 # After s sets (s >= 1), the points include a whole grid 2^floor(log2 s) times finer.
 _FINER = (1,) + tuple(2 ** (s.bit_length() - 1) for s in range(1, len(_SHIFTS) + 1))
 _FLAT = 1e-12  # changes in log T below this between grid points are rounding, not a rise or a fall
+_TAYLOR_CHANGE = 1e-6  # relative change of an output up to which the model at N* comes from its Taylor series
+# (its error, of the order of the change squared, is then below 1e-12 of the output where the model is
+# smooth at that scale; with acceptance within 1e-8 of 1, rounding alone moves gamma* and T more
+# between neighbouring draft sizes)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
@@ -253,12 +257,11 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
 
     def body(state):
         u, lo, hi, done, step, _, _ = state
-        # log T, g = d log T / du and g' in one pass, and the model at u.
-        ((log_t, gu), at), ((_, dgu), _) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
-        # A lane's last iteration only evaluates the model at the point it returns, for the
-        # outputs: a separate evaluation after the loop would be one more copy of the model in the
-        # program, which XLA's fusion copies again into each output (Lambert W included).
-        final = done | (step >= max_steps)
+        # log T, g = d log T / du and g' in one pass, the model at u and its derivative in u.
+        ((log_t, gu), at), ((_, dgu), at_slope) = jax.jvp(value_and_stationarity, (u,), (jnp.ones_like(u),))
+        # Lanes decided before the loop return u and the model there; so do lanes out of steps,
+        # unless this step converges.
+        out_of_steps = step >= max_steps
         # At inadmissible points T is NaN but g is 0 (the NaN sits behind a where): test T.
         # Such a point lies on the far side of the admissible region from the grid maximum. So
         # does a flat point (gamma* = 0, T the target's alone, g = g' = 0) where the grid showed
@@ -273,8 +276,29 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         stop_flat = flat & (best_gain <= 0)
         u_next = jnp.where(stop_flat, u, jnp.where(use_newton, newton, 0.5 * (lo + hi)))
         scale = 1.0 + jnp.abs(u)
-        converged = (use_newton & (jnp.abs(u_next - u) <= tol * scale)) | (hi - lo <= tol * scale) | stop_flat
-        return (jnp.where(final, u, u_next), lo, hi, done | converged, jnp.where(final, step, step + 1), at, final)
+        newton_converged = use_newton & (jnp.abs(u_next - u) <= tol * scale)
+        converged = ~done & (newton_converged | (hi - lo <= tol * scale) | stop_flat)
+        # A lane whose Newton step converged returns u_next, within tol of u, with the model there
+        # from its Taylor series at u where that moves each output by at most _TAYLOR_CHANGE of
+        # itself: evaluating the model at u_next would cost every lane one more pass of this body,
+        # a vmapped loop running as many passes as its slowest lane. Acceptance and gamma* to first
+        # order (the error is of the order of the change squared); T to second order in log T,
+        # whose first-order term vanishes at the maximum and whose curvature g' is at hand. A flat
+        # stop returns u itself. Any other converged lane (a larger change, a derivative that is
+        # not finite, a bracket closed by bisection next to an inadmissible region) is done and
+        # evaluates u_next on the next pass.
+        step_size = u_next - u
+        log_change = step_size * (gu + 0.5 * dgu * step_size)
+        at_next = _AtDraftSize(at.alpha + step_size * at_slope.alpha, at.gamma + step_size * at_slope.gamma,
+                               at.throughput * jnp.exp(log_change))
+        small = ((jnp.abs(step_size * at_slope.alpha) <= _TAYLOR_CHANGE * jnp.abs(at.alpha))
+                 & (jnp.abs(step_size * at_slope.gamma) <= _TAYLOR_CHANGE * jnp.abs(at.gamma))
+                 & (jnp.abs(log_change) <= _TAYLOR_CHANGE))
+        extrapolates = ~done & newton_converged & finite & small
+        at = jax.tree.map(lambda x, y: jnp.where(extrapolates, y, x), at, at_next)
+        stays = done | (out_of_steps & ~converged)
+        return (jnp.where(stays, u, u_next), lo, hi, done | converged, jnp.where(done | out_of_steps, step, step + 1),
+                at, stays | extrapolates | (~done & stop_flat))
 
     # The sets evaluated so far include a whole grid of spacing h: the maximum lies within h of
     # the best point. Newton starts at the vertex of the parabola through the grid maximum and its
@@ -294,7 +318,7 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32), _AtDraftSize(nan, nan, nan), jnp.asarray(False)))
     at_lower = (u0 == log_n_min) & (u - log_n_min <= 1e-3 * h)
     # The checks at u itself (alpha < 1 there, T finite there, a speed-up there) are made by
-    # _solve_flat (_final_status), on the model at u that the loop's last iteration evaluated.
+    # _solve_flat (_final_status), on the model at u that the loop's last iteration gave.
     status = jnp.select(
         [invalid, saturates, no_admissible, at_lower, ~done],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,

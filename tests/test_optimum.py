@@ -380,3 +380,27 @@ def test_newton_from_the_grid_parabola_needs_three_steps(n_min):
     assert np.all(sol.status == SolveStatus.SUCCESS)
     assert int(sol.num_steps.max()) <= 3
     np.testing.assert_allclose(sol.n_star, fine.n_star, rtol=1e-13)
+
+
+def test_the_model_at_n_star_is_evaluated_there_when_the_bracket_closes_by_bisection():
+    # Where Newton converges, the outputs come from the model's Taylor series at the last point
+    # evaluated. This target (a jittered fit of the forms benchmark, `bench --only forms`, seed 0)
+    # converges by bisection beside a region where acceptance reaches 1, where log T is steep: a
+    # Taylor step from the bracket's end put T 1.2e-4 off the model at the N* returned.
+    from sdsl_jax import FixedCompute, LatencyCost
+
+    kw = dict(d_target=1e7, recipe=FixedCompute(1e13),
+              loss=LossLaw(E=1.1658494110978628, A=581.9470233190303, B=8508.6726889064, alpha=0.6479496497723398,
+                           beta=0.5137886669174957),
+              plane=LogPerplexityPlane(A=-0.3634540545247314, B=0.35597028260763725, C=0.8467488642124263),
+              cost=LatencyCost(draft_fixed=1e-4, draft_per_param=2e-10, verify_fixed=2e-4, verify_per_param=2e-10,
+                               verify_per_token=3e-12))
+    m = 4497842.26789705
+    sol = solve_draft_size(m, n_min=1.0, **kw)
+    assert sol.status == SolveStatus.SUCCESS
+    assert int(sol.num_steps) > 6  # bisection steps, not Newton's few
+    fresh = draft_throughput(sol.n_star, m, **kw)
+    # Acceptance is within rounding of 1 here, so two evaluations of T agree only to about 1e-10.
+    np.testing.assert_allclose(sol.throughput, fresh, rtol=1e-9)
+    np.testing.assert_allclose(sol.alpha, draft_acceptance(sol.n_star, m, d_target=1e7, recipe=kw["recipe"],
+                                                           loss=kw["loss"], plane=kw["plane"]), rtol=1e-12)
