@@ -142,35 +142,42 @@ def mpmath_draft_size(m: float, d: float, *, dps: int = 40) -> float:
 
 
 def bench_draft_size(targets: int, repeats: int) -> list[dict]:
-    """One vectorised solve against a SciPy loop on the same work (every target, medians of ``repeats``
-    for both), and each side's accuracy against a 40-digit mpmath root, not against the other side."""
+    """One vectorised solve against a SciPy loop on the same work (every target; medians of ``5 *
+    repeats`` calls and of ``min(repeats, 3)`` loops), wall-clock and CPU time (JAX's program may run
+    on every core, SciPy's loop runs on one, so the CPU-time ratio is the one per core), and each
+    side's accuracy against a 40-digit mpmath root, not against the other side."""
     m = np.geomspace(1e9, 2e11, targets)
     kw = dict(d_draft=1e12, d_target=1e12, loss=HOFFMANN2022, plane=SDSL2026, n_min=1e3)
     start = time.perf_counter()
     sol = solve_draft_size(m, **kw)
     sol.n_star.block_until_ready()
     compile_s = time.perf_counter() - start
-    t_jax = median_time(lambda: solve_draft_size(m, **kw).n_star.block_until_ready(), repeats)
+    # A call takes milliseconds and its times on a shared machine scatter: five times the
+    # calls of the SciPy side's seconds-long loops, whose median is steady in three.
+    (t_jax,), (cpu_jax,) = interleaved_medians([lambda: solve_draft_size(m, **kw).n_star.block_until_ready()],
+                                               5 * repeats)
 
     def scipy_loop():
         return np.array([numpy_reference.optimal_draft_size_scalar(mm, 1e12, 1e12, HOFFMANN2022, SDSL2026, n_min=1e3)
                          for mm in m])
 
     ref = scipy_loop()
-    t_scipy = median_time(scipy_loop, max(1, min(repeats, 3)))  # seconds a loop: three are enough for a median
+    (t_scipy,), (cpu_scipy,) = interleaved_medians([scipy_loop], max(1, min(repeats, 3)))
     sample = np.unique(np.linspace(0, targets - 1, min(targets, 12)).astype(int))
     exact = np.array([mpmath_draft_size(float(m[i]), 1e12) for i in sample])
     err_jax = float(np.max(np.abs(np.asarray(sol.n_star)[sample] / exact - 1)))
     err_scipy = float(np.max(np.abs(ref[sample] / exact - 1)))
     print(
-        f"N* for {targets} targets: jax {t_jax * 1e3:8.1f} ms (one call)  scipy loop {t_scipy:7.2f} s  "
-        f"ratio {t_scipy / t_jax:7.1f}x   max rel err vs mpmath ({len(sample)} targets): jax {err_jax:.1e}, "
-        f"scipy {err_scipy:.1e}  (compile {compile_s:.1f} s)",
+        f"N* for {targets} targets: jax {t_jax * 1e3:8.1f} ms (one call; CPU {cpu_jax * 1e3:.1f})  scipy loop "
+        f"{t_scipy:7.2f} s (CPU {cpu_scipy:.2f})  ratio {t_scipy / t_jax:7.1f}x (CPU time {cpu_scipy / cpu_jax:.0f}x)   "
+        f"max rel err vs mpmath ({len(sample)} targets): jax {err_jax:.1e}, scipy {err_scipy:.1e}  "
+        f"(compile {compile_s:.1f} s)",
         flush=True,
     )
     return [
         dict(
             name="optimal_draft_size", n=targets, jax_s=t_jax, baseline_s=t_scipy, speedup=t_scipy / t_jax,
+            jax_cpu_s=cpu_jax, baseline_cpu_s=cpu_scipy, cpu_speedup=cpu_scipy / cpu_jax,
             compile_s=compile_s, max_rel_err_jax=err_jax, max_rel_err_scipy=err_scipy,
         )
     ]
