@@ -60,3 +60,18 @@ def test_exact_acceptance_predicts_speculative_runs():
     assert mle == pytest.approx(exact, abs=0.04)
     # ... whereas accepted / drafted is not alpha (docs/theory.md): here it reads about half of it.
     assert np.concatenate(accepted).mean() / gamma < exact - 0.1
+
+
+def test_xla_flops_follow_the_architecture_not_the_model_object():
+    from sdsl_jax.lm import timing
+
+    draft, target = pair()
+    before = len(timing._FLOPS_CACHE)
+    small, large = timing.xla_flops(draft, 1), timing.xla_flops(target, 1)
+    assert 0 < small < large
+    assert large == timing._xla_flops(target, 1)
+    # Another object of the draft's architecture (other weights) has the draft's count: one entry
+    # per architecture, where an entry per object id could hand a freed model's count to a new one.
+    other = Transformer(draft.config, rngs=nnx.Rngs(7))
+    assert timing.xla_flops(other, 1) == small
+    assert len(timing._FLOPS_CACHE) == before + 2

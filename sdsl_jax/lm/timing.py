@@ -162,7 +162,8 @@ _FLOPS_CACHE: dict = {}
 
 def xla_flops(model, num_tokens: int) -> float:
     """FLOPs XLA's cost analysis assigns one cached forward call on ``num_tokens`` tokens."""
-    key = (id(model), num_tokens)
+    # Keyed by the architecture, which sets the count: an object's id is reused once it is freed.
+    key = (model.config, num_tokens)
     if key not in _FLOPS_CACHE:
         _FLOPS_CACHE[key] = _xla_flops(model, num_tokens)
     return _FLOPS_CACHE[key]
