@@ -38,9 +38,9 @@ Sections:
               ladder's pairs, its coefficients scaled to their prior (shipped, chains from the prior)
               against scaled to a least-squares fit (sample_plane(coefficients="data-scaled"), chains
               dispersed about it); --accept-models, --effect-seeds, --warmup-prior-starts.
-  breaks      the one-break law's posterior on the ladder at target acceptance 0.9 against the
-              family's 0.99: runs passing their checks, divergences and steps per draw (--effect-seeds
-              runs each, --reruns reruns of a failing run).
+  breaks      the one-break law's posterior on the ladder at target acceptance 0.9 and 0.95 against
+              the family's 0.99: runs passing their checks, divergences, R-hat, ESS and steps per draw
+              (--effect-seeds runs each, --reruns reruns of a failing run).
   reruns      a failing posterior run again with the target acceptance raised on every rerun (shipped)
               against raised only after divergent transitions: Kaplan's law on the first ladder's
               closure refits, runs passing and steps per draw (--effect-seeds runs each).

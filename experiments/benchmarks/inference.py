@@ -422,9 +422,9 @@ def bench_break_prior(seeds: int = 2) -> list[dict]:
 
 def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
     """The one-break law's posterior on the ladder (run effects, 4 x (500 + 500), ``reruns`` reruns of
-    a run that fails its checks) at NUTS's default target acceptance 0.9 against the family's 0.99, on
-    all runs and without the 74k size (a closure's refit): how many of ``seeds`` runs pass their
-    checks, their divergences, leapfrog steps per draw and attempts."""
+    a run that fails its checks) at NUTS's default target acceptance 0.9, at 0.95 and at the family's
+    0.99, on all runs and without the 74k size (a closure's refit): how many of ``seeds`` runs pass
+    their checks, their divergences, worst R-hat and bulk ESS, leapfrog steps per draw and attempts."""
     from sdsl_jax import infer
     from sdsl_jax.data import load_pretraining
     from sdsl_jax.loss_laws import BROKEN_POWER_LAW
@@ -436,7 +436,7 @@ def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
     for data_name, kept in data.items():
         run, _ = kept.run_index()
         result = {}
-        for accept in (0.9, BROKEN_POWER_LAW.target_accept):
+        for accept in (0.9, 0.95, BROKEN_POWER_LAW.target_accept):
             outs = []
             for seed in range(seeds):
                 start = time.perf_counter()
@@ -449,12 +449,14 @@ def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
             summary = dict(runs=outs, passed=sum(o["ok"] for o in outs), divergences=sum(o["divergences"] for o in outs),
                            with_divergences=sum(o["divergences"] > 0 for o in outs),
                            worst_rhat=float(max(o["max_rhat"] for o in outs)),
+                           worst_ess=float(min(o["min_ess"] for o in outs)),
                            median_steps=[o["median_steps"] for o in outs],
                            median_seconds=float(np.median([o["seconds"] for o in outs])))
             result[f"target_accept_{accept}"] = summary
             print(f"one-break law, {data_name}, target acceptance {accept}, {reruns} reruns: {summary['passed']}/{seeds} "
                   f"runs pass their checks, {summary['with_divergences']} with divergences ({summary['divergences']} in "
-                  f"all), worst R-hat {summary['worst_rhat']:.3f}, median leapfrog steps per draw "
+                  f"all), worst R-hat {summary['worst_rhat']:.3f}, worst bulk ESS {summary['worst_ess']:.0f}, "
+                  f"median leapfrog steps per draw "
                   f"{', '.join(f'{m:.0f}' for m in summary['median_steps'])}, median {summary['median_seconds']:.1f} s",
                   flush=True)
         rows.append(dict(name=f"one-break law target acceptance {data_name}", seeds=seeds, reruns=reruns, **result))
