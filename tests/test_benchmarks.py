@@ -75,3 +75,13 @@ def test_the_rerun_benchmark_raises_the_alternative_target_acceptance_only_after
     assert len(rows) == 3 and calls[0] == (500, None, 2)  # the shipped side: the library's own reruns
     assert calls[1:4] == [(500, 0.9, 0), (1000, 0.9, 0), (2000, pytest.approx(0.95), 0)]
     assert rows[0]["raised only after divergences"]["runs"][0]["attempts"] == 3
+
+
+def test_the_n_star_benchmark_reports_both_ratios_and_the_accuracy_of_each_side():
+    from experiments.benchmarks.numerics import bench_draft_size
+
+    (row,) = bench_draft_size(3, 1)
+    assert row["n"] == 3 and row["speedup"] > 0 and row["cpu_speedup"] > 0 and row["recompile_s"] > 0
+    # Against 40-digit roots, each side on its own: ours to rounding, SciPy's Brent to its xatol.
+    assert row["max_rel_err_jax"] < 1e-13
+    assert row["max_rel_err_scipy"] < 1e-5
