@@ -386,7 +386,7 @@ def test_the_model_at_n_star_is_evaluated_there_when_the_bracket_closes_by_bisec
     # Where Newton converges, the outputs come from the model's Taylor series at the last point
     # evaluated. This target (a jittered fit of the forms benchmark, `bench --only forms`, seed 0)
     # converges by bisection beside a region where acceptance reaches 1, where log T is steep: a
-    # Taylor step from the bracket's end put T 1.2e-4 off the model at the N* returned.
+    # Taylor step from the bracket's end would put T about 1e-4 off the model at the N* returned.
     from sdsl_jax import FixedCompute, LatencyCost
 
     kw = dict(d_target=1e7, recipe=FixedCompute(1e13),

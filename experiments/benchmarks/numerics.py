@@ -148,17 +148,19 @@ def bench_draft_size(targets: int, repeats: int) -> list[dict]:
     side's accuracy against a 40-digit mpmath root, not against the other side."""
     m = np.geomspace(1e9, 2e11, targets)
     kw = dict(d_draft=1e12, d_target=1e12, loss=HOFFMANN2022, plane=SDSL2026, n_min=1e3)
+
+    def solve(targets):
+        return jax.block_until_ready(solve_draft_size(targets, **kw))
+
     start = time.perf_counter()
-    sol = solve_draft_size(m, **kw)
-    sol.n_star.block_until_ready()
+    sol = solve(m)
     compile_s = time.perf_counter() - start
     # A call takes milliseconds and its times on a shared machine scatter: five times the
     # calls of the SciPy side's seconds-long loops, whose median is steady in three.
-    (t_jax,), (cpu_jax,) = interleaved_medians([lambda: solve_draft_size(m, **kw).n_star.block_until_ready()],
-                                               5 * repeats)
+    (t_jax,), (cpu_jax,) = interleaved_medians([lambda: solve(m)], 5 * repeats)
     # The first call of a process also starts JAX's runtime; a new shape afterwards is the compilation.
     start = time.perf_counter()
-    solve_draft_size(np.append(m, m[-1]), **kw).n_star.block_until_ready()
+    solve(np.append(m, m[-1]))
     recompile_s = time.perf_counter() - start
 
     def scipy_loop():
