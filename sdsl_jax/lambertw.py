@@ -3,21 +3,22 @@
 The Lambert W function solves ``w * exp(w) = z``. On the reals it has two branches: ``W_0``
 on ``[-1/e, inf)`` with ``W_0 >= -1`` and ``W_{-1}`` on ``[-1/e, 0)`` with ``W_{-1} <= -1``.
 
-Algorithm (the same for both branches, a fixed number of steps so that it jits and vmaps):
+Algorithm (a fixed number of steps, so that it jits and vmaps):
 
 1. An initial guess: near the branch point ``z = -1/e`` a polynomial in
    ``p = ±sqrt(2 (e z + 1))``, the interpolant of the branch-point series [Corless et al. 1996,
-   eqs. 4.22-4.24] at the Chebyshev points of ``0 <= ±p <= 0.45``; on ``W_0`` away from it
-   Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)`` [Winitzki 2003];
-   on ``W_{-1}`` away from it the asymptotic series ``L1 - L2 + L2 / L1``,
-   ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
-2. Two steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21],
-   which is fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot
-   overflow. On float64 the guess and the first step use cheaper logarithms, polynomials accurate
-   to 2.2e-4 down to 1.5e-7 (:func:`_rough_log`: a step leaves about 0.015 e^4 of an error e, so the
-   second ends at rounding all the same: the budget is in :func:`_branch0_start`), and the last step
-   fdlibm's logarithm (:func:`_log`, within one ulp;
-   XLA's float64 logarithm does not vectorise on CPUs)::
+   eqs. 4.22-4.24] at the Chebyshev points of ``0 <= ±p <= 0.45``; on float64 ``W_0`` away from it
+   (``z >= -0.25``) ``y P_k(y)``, ``y = log(1 + z)``, with ``P_k`` a degree-7 polynomial fitted to
+   ``W_0(e^y - 1) / y`` on each of five pieces of ``y`` (within 5e-5 of W: :func:`_branch0_start`);
+   on float32 ``W_0`` Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``
+   [Winitzki 2003]; on ``W_{-1}`` away from the branch point the asymptotic series
+   ``L1 - L2 + L2 / L1``, ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
+2. Steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21], which is
+   fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot overflow:
+   a step from a relative error e leaves about 0.015 e^4. float64 ``W_0`` takes one step from its
+   guess; ``W_{-1}`` and float32 take two. On float64 the guesses and a first step use a cheaper
+   logarithm (:func:`_rough_log`, a polynomial within 1.5e-7) and the last step fdlibm's
+   (:func:`_log`, within one ulp; XLA's float64 logarithm does not vectorise on CPUs)::
 
        zn  = log(z / w) - w
        q   = 2 (1 + w) (1 + w + 2 zn / 3)
@@ -277,35 +278,75 @@ def _log(x: jax.Array) -> jax.Array:
     return k * _LN2_HI - ((half_f2 - (s * (half_f2 + r) + k * _LN2_LO)) - f)
 
 
-def _winitzki_or_series(z: jax.Array, series: jax.Array, log1p) -> jax.Array:
-    """The first guess on ``W_0``: the branch-point polynomial below z = -0.25, Winitzki's approximation
-    ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above, with ``log1p`` the logarithm to use."""
-    log1pz = log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(log1p(log1pz), 2.0 + log1pz)))
+def _winitzki_or_series(z: jax.Array, series: jax.Array) -> jax.Array:
+    """The first guess on float32 ``W_0``: the branch-point polynomial below z = -0.25, Winitzki's
+    approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above (within 3.6% of W)."""
+    log1pz = jnp.log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
+    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(jnp.log1p(log1pz), 2.0 + log1pz)))
 
 
-# Degrees of the rough logarithms in float64 W_0's start (:func:`_branch0_start`).
-_GUESS_LOG_DEGREE = 3
-_FIRST_STEP_LOG_DEGREE = 5
+# float64 W_0's guess above z = -0.25 (:func:`_branch0_start`): W_0(e^y - 1) / y in y = log(1 + z), one
+# polynomial per piece of y between these edges (z = -0.25 and the largest float64 at the ends).
+_W0_GUESS_EDGES = (math.log(0.75), 0.5, 4.0, 20.0, 110.0, math.log(np.finfo(np.float64).max))
+_W0_GUESS_DEGREE = 7
+
+
+def _w0_of_log1p_reference(y: np.ndarray) -> np.ndarray:
+    """``W_0(e^y - 1)`` in float64 NumPy, to rounding, for ``y >= log(0.75)`` up to the largest float64's
+    logarithm: from Winitzki's approximation, 40 steps of Halley's iteration on ``w e^w = z`` where
+    ``y <= 1``, and of Newton's on ``w + log w = log z`` above (``e^w`` there could overflow; from
+    within a few percent of the root either converges in a handful of steps)."""
+    y = np.asarray(y, np.float64)
+    w = y * (1.0 - np.log1p(y) / (2.0 + y))
+    small = y <= 1.0
+    z = np.expm1(np.where(small, y, 0.0))
+    log_z = y + np.log(-np.expm1(-np.where(small, 1.0, y)))
+    for _ in range(40):
+        f = w * np.exp(np.where(small, w, 0.0)) - z
+        halley = w - f / (np.exp(np.where(small, w, 0.0)) * (w + 1.0) - (w + 2.0) * f / (2.0 * w + 2.0))
+        newton = w - (w + np.log(np.where(small, 1.0, w)) - log_z) / (1.0 + 1.0 / w)
+        w = np.where(small, halley, newton)
+    return w
+
+
+@functools.cache
+def _w0_guess_coefficients() -> tuple[tuple[float, ...], ...]:
+    """Per piece of :data:`_W0_GUESS_EDGES`, the coefficients (ascending powers of ``y``) of a degree-7
+    polynomial ``P`` with ``W_0(e^y - 1) ~ y P(y)``: the least-squares Chebyshev fit of ``W_0(e^y - 1) / y``
+    at 200 Chebyshev points of the piece (:func:`_w0_of_log1p_reference`), made once per process. Within
+    5.0e-5 of W relative on every piece (``tests/test_lambertw.py`` checks the guess against mpmath)."""
+    nodes = np.cos(np.pi * (np.arange(200) + 0.5) / 200)
+    pieces = []
+    for a, b in zip(_W0_GUESS_EDGES[:-1], _W0_GUESS_EDGES[1:]):
+        y = 0.5 * (a + b) + 0.5 * (b - a) * nodes
+        fit = np.polynomial.chebyshev.chebfit(nodes, _w0_of_log1p_reference(y) / y, _W0_GUESS_DEGREE)
+        monomial = np.polynomial.Chebyshev(fit, domain=[a, b]).convert(kind=np.polynomial.Polynomial)
+        pieces.append(tuple(float(c) for c in monomial.coef))
+    return tuple(pieces)
 
 
 def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
-    """W_0 to about 1e-5 for float64 ``z``: the first guess and one Fritsch step, with rough logarithms.
+    """W_0 to within 5.1e-5 relative for float64 ``z``, for the compensated Fritsch step to finish.
 
-    The error budget, from the last step back. A Fritsch step from a relative error e leaves about
-    0.015 e^4, so the last step (with the accurate logarithm) ends at rounding from any e below 1e-4.
-    The first step from the guess's error e0 ends at about 0.015 e0^4 + delta / (1 + w), delta its
-    logarithm's absolute error: with ``_FIRST_STEP_LOG_DEGREE`` (delta 5.7e-6) and 1 + w >= 0.38
-    wherever the step's result is used (|p| >= 0.45), below 1.5e-5. The guess is Winitzki's
-    approximation (within 3.6% of W, its worst at z = -0.25), whose two logarithms may err by 2.2e-4
-    (``_GUESS_LOG_DEGREE``), or below z = -0.25 the branch-point polynomial (1e-7). The step takes
-    the rough logarithm of ``z / w`` (positive: z and w share their sign), one where
-    ``log|z| - log|w|`` costs two. Below |z| = 1e-4 the start is ``z (1 - z)`` (relative error
-    1.5 z^2), where ``1 + z`` would round ``log(1 + z)`` too coarsely.
+    The error budget: a Fritsch step from a relative error e leaves about 0.015 e^4, so the last step
+    (with the accurate logarithm) ends at rounding from any e below 1e-4. Above z = -0.25 the guess is
+    ``y P_k(y)`` with ``y = log(1 + z)`` from the rough logarithm (within 1.6e-7, which moves W by as
+    much relative at most) and ``P_k`` the polynomial of y's piece (:func:`_w0_guess_coefficients`,
+    5.0e-5): the pieces' coefficients are chosen by selects, so the guess costs one logarithm and one
+    polynomial, no division. Below z = -0.25 the branch-point polynomial (1.2e-7). Below |z| = 1e-4
+    the start is ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round
+    ``log(1 + z)`` too coarsely.
     """
-    w = _winitzki_or_series(z, series, lambda x: _rough_log(1.0 + x, _GUESS_LOG_DEGREE))
-    w_nz = jnp.where(w == 0, 1.0, w)
-    w = _fritsch_step(w, _rough_log(_over(z, w_nz), _FIRST_STEP_LOG_DEGREE))
+    y = _rough_log(1.0 + jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
+    pieces = _w0_guess_coefficients()
+    coefficients = [jnp.full_like(y, c) for c in pieces[0]]
+    for edge, piece in zip(_W0_GUESS_EDGES[1:-1], pieces[1:]):
+        above = y >= edge
+        coefficients = [jnp.where(above, new, c) for new, c in zip(piece, coefficients)]
+    poly = coefficients[-1]
+    for c in reversed(coefficients[:-1]):
+        poly = poly * y + c
+    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, y * poly)
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
@@ -319,7 +360,7 @@ def _branch0(z: jax.Array) -> jax.Array:
     if z.dtype == jnp.float64:
         w = _compensated_fritsch_step(jnp.where(z == 0, 1.0, _branch0_start(z, series)), z_nz)
     else:
-        w = jnp.where(z == 0, 1.0, _winitzki_or_series(z, series, jnp.log1p))
+        w = jnp.where(z == 0, 1.0, _winitzki_or_series(z, series))
         for _ in range(_NUM_FRITSCH_STEPS):
             w = _fritsch_step(w, jnp.log(_over(z_nz, w)))
     w = jnp.where(p < _SERIES_ONLY_BELOW, series, w)

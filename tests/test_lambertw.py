@@ -72,10 +72,12 @@ def test_float64_is_within_two_ulp_near_the_branch_point(k):
 
 
 def test_float64_w0_is_within_two_ulp_where_its_first_step_changes_method():
-    # float64 W_0 starts from rough logarithms and z (1 - z) below |z| = 1e-4, from log z above
-    # z = 1e8 and from the series below z = -0.25.
+    # float64 W_0 starts from z (1 - z) below |z| = 1e-4, from the series below z = -0.25 and from
+    # a polynomial in log(1 + z) of its piece elsewhere.
+    from sdsl_jax.lambertw import _W0_GUESS_EDGES
+
     rng = np.random.default_rng(0)
-    edges = np.array([1e-4, -1e-4, 1e8, -0.25])
+    edges = np.concatenate([[1e-4, -1e-4, -0.25], np.expm1(_W0_GUESS_EDGES[1:-1])])
     offsets = np.geomspace(1e-15, 1e-2, 60)
     around = (edges[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()
     # XLA on CPU flushes subnormals to zero, so the domain's ends are the smallest normal and the largest float.
@@ -211,10 +213,24 @@ def test_the_logarithms_inside_float64_w_match_mpmath():
     ulps = np.abs(got - want) / np.spacing(np.maximum(np.abs(want), np.finfo(np.float64).tiny))
     assert ulps.max() <= 1.0
     assert np.abs(np.asarray(jax.jit(_rough_log)(jnp.asarray(x))) - want).max() <= 1.6e-7
-    # The cheaper ones of W_0's guess and first step, at the errors its budget assumes.
-    for degree, bound in ((3, 2.3e-4), (5, 5.8e-6)):
-        rough = jax.jit(lambda v, degree=degree: _rough_log(v, degree))
-        assert np.abs(np.asarray(rough(jnp.asarray(x))) - want).max() <= bound, degree
+
+
+def test_float64_w0_guess_is_within_its_budget_on_every_piece():
+    """The guess the compensated step starts from, against mpmath: within 5.1e-5 relative (the step
+    then ends at rounding from anything below 1e-4), on each piece of y = log(1 + z), on both sides
+    of every edge, and where the pieces end (z = -0.25, the largest float)."""
+    from sdsl_jax.lambertw import _W0_GUESS_EDGES, _branch0_start
+
+    rng = np.random.default_rng(3)
+    y = np.concatenate([rng.uniform(a, b, 400) for a, b in zip(_W0_GUESS_EDGES[:-1], _W0_GUESS_EDGES[1:])])
+    edges = np.array(_W0_GUESS_EDGES[1:-1])
+    offsets = np.geomspace(1e-13, 1e-3, 20)
+    y = np.concatenate([y, (edges[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()])
+    z = np.concatenate([np.expm1(y), [-0.25, np.finfo(np.float64).max]])
+    z = z[np.abs(z) >= 1e-4]  # below, the start is z (1 - z)
+    guess = np.asarray(jax.jit(lambda v: _branch0_start(v, jnp.zeros_like(v)))(jnp.asarray(z)))
+    want = np.array([mp_lambertw(x, 0) for x in z])
+    assert relative_error(guess, want).max() <= 5.1e-5
 
 
 @pytest.mark.parametrize("branch", [0, -1])
