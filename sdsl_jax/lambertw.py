@@ -7,18 +7,20 @@ Algorithm (a fixed number of steps, so that it jits and vmaps):
 
 1. An initial guess: near the branch point ``z = -1/e`` a polynomial in
    ``p = ±sqrt(2 (e z + 1))``, the interpolant of the branch-point series [Corless et al. 1996,
-   eqs. 4.22-4.24] at the Chebyshev points of ``0 <= ±p <= 0.45``; on float64 ``W_0`` away from it
-   (``z >= -0.25``) ``y P_k(y)``, ``y = log(1 + z)``, with ``P_k`` a degree-7 polynomial fitted to
-   ``W_0(e^y - 1) / y`` on each of five pieces of ``y`` (within 5e-5 of W: :func:`_branch0_start`);
-   on float32 ``W_0`` Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``
-   [Winitzki 2003]; on ``W_{-1}`` away from the branch point the asymptotic series
-   ``L1 - L2 + L2 / L1``, ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al. 1996, eq. 4.19].
+   eqs. 4.22-4.24] at the Chebyshev points of ``0 <= ±p <= 0.45``. Away from it (``z >= -0.25``),
+   in float64, ``x P_k(x)`` with ``P_k`` a degree-7 polynomial fitted to ``W / x`` on each piece of
+   ``x``: ``x = log(1 + z)`` on ``W_0`` (five pieces up to the largest float64), ``x = log(-z)`` on
+   ``W_{-1}`` (two pieces down to ``x = -20``, below which the asymptotic series
+   ``L1 - L2 + L2 / L1 + L2 (L2 - 2) / (2 L1^2)``, ``L1 = log(-z)``, ``L2 = log(-L1)`` [Corless et al.
+   1996, eq. 4.19]); within 5e-5 of W (:func:`_branch0_start`, :func:`_branch_m1_start`). In float32,
+   Winitzki's approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)`` [Winitzki 2003] on
+   ``W_0`` and the asymptotic series to its third term on ``W_{-1}``.
 2. Steps of Fritsch's iteration [Fritsch, Shafer & Crowley 1973; Veberic 2012, eq. 21], which is
    fourth order and works on ``log(z / w) - w`` so it never forms ``exp(w)`` and cannot overflow:
-   a step from a relative error e leaves about 0.015 e^4. float64 ``W_0`` takes one step from its
-   guess; ``W_{-1}`` and float32 take two. On float64 the guesses and a first step use a cheaper
-   logarithm (:func:`_rough_log`, a polynomial within 1.5e-7) and the last step fdlibm's
-   (:func:`_log`, within one ulp; XLA's float64 logarithm does not vectorise on CPUs)::
+   a step from a relative error e leaves about 0.015 e^4, so one step from the float64 guesses ends
+   at rounding; float32 takes two. The float64 guesses take a cheaper logarithm (:func:`_rough_log`,
+   a polynomial within 1.5e-7) and the step fdlibm's (:func:`_log`, within one ulp; XLA's float64
+   logarithm does not vectorise on CPUs)::
 
        zn  = log(z / w) - w
        q   = 2 (1 + w) (1 + w + 2 zn / 3)
@@ -244,8 +246,8 @@ def _log1p_over_x_fit(degree: int) -> tuple[float, ...]:
 def _rough_log(x: jax.Array, degree: int = 7) -> jax.Array:
     """log(x) for positive normal float64 x to the absolute error of :func:`_log1p_over_x_fit`'s
     ``degree`` (1.5e-7 by default): the exponent from the bits (:func:`_split_exponent`) and
-    ``f P(f)`` with ``degree + 1`` multiply-adds, no division. Enough for a first guess and for a
-    Fritsch step that another step follows (module docstring)."""
+    ``f P(f)`` with ``degree + 1`` multiply-adds, no division. Enough for the float64 guesses, which
+    the Fritsch step corrects (module docstring)."""
     coefficients = _log1p_over_x_fit(degree)
     k, f = _split_exponent(x)
     poly = jnp.full_like(f, coefficients[-1])
@@ -285,10 +287,13 @@ def _winitzki_or_series(z: jax.Array, series: jax.Array) -> jax.Array:
     return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(jnp.log1p(log1pz), 2.0 + log1pz)))
 
 
-# float64 W_0's guess above z = -0.25 (:func:`_branch0_start`): W_0(e^y - 1) / y in y = log(1 + z), one
-# polynomial per piece of y between these edges (z = -0.25 and the largest float64 at the ends).
+# float64 guesses away from the branch point (:func:`_branch0_start`, :func:`_branch_m1_start`): W / x
+# as one polynomial per piece of x between these edges, of degree _GUESS_DEGREE. W_0: x = log(1 + z)
+# from z = -0.25 to the largest float64. W_{-1}: x = log(-z) from -20, below which the asymptotic series
+# is the guess, to z = -0.25.
 _W0_GUESS_EDGES = (math.log(0.75), 0.5, 4.0, 20.0, 110.0, math.log(np.finfo(np.float64).max))
-_W0_GUESS_DEGREE = 7
+_WM1_GUESS_EDGES = (-20.0, -3.3, math.log(0.25))
+_GUESS_DEGREE = 7
 
 
 def _w0_of_log1p_reference(y: np.ndarray) -> np.ndarray:
@@ -309,20 +314,48 @@ def _w0_of_log1p_reference(y: np.ndarray) -> np.ndarray:
     return w
 
 
+def _wm1_of_log_reference(s: np.ndarray) -> np.ndarray:
+    """``W_{-1}(-e^s)`` in float64 NumPy, to rounding, for ``s <= log(0.25)``: 40 Newton steps on
+    ``w + log(-w) = s`` from ``s - log(-s)`` (the function is increasing and concave in ``w <= -1``,
+    so from the first step on the iterates rise to the root)."""
+    s = np.asarray(s, np.float64)
+    w = s - np.log(-s)
+    for _ in range(40):
+        w = w - (w + np.log(-w) - s) / (1.0 + 1.0 / w)
+    return w
+
+
 @functools.cache
-def _w0_guess_coefficients() -> tuple[tuple[float, ...], ...]:
-    """Per piece of :data:`_W0_GUESS_EDGES`, the coefficients (ascending powers of ``y``) of a degree-7
-    polynomial ``P`` with ``W_0(e^y - 1) ~ y P(y)``: the least-squares Chebyshev fit of ``W_0(e^y - 1) / y``
-    at 200 Chebyshev points of the piece (:func:`_w0_of_log1p_reference`), made once per process. Within
-    5.0e-5 of W relative on every piece (``tests/test_lambertw.py`` checks the guess against mpmath)."""
+def _guess_coefficients(branch: int) -> tuple[tuple[float, ...], ...]:
+    """Per piece of ``branch``'s guess edges, the coefficients (ascending powers of x) of a polynomial
+    ``P`` of degree :data:`_GUESS_DEGREE` with ``W ~ x P(x)``: the least-squares Chebyshev fit of
+    ``W / x`` at 200 Chebyshev points of the piece, from :func:`_w0_of_log1p_reference` or
+    :func:`_wm1_of_log_reference`, made once per process. Within 5.0e-5 of W relative on every piece
+    (``tests/test_lambertw.py`` checks the guesses against mpmath)."""
+    edges, reference = ((_W0_GUESS_EDGES, _w0_of_log1p_reference) if branch == 0
+                        else (_WM1_GUESS_EDGES, _wm1_of_log_reference))
     nodes = np.cos(np.pi * (np.arange(200) + 0.5) / 200)
     pieces = []
-    for a, b in zip(_W0_GUESS_EDGES[:-1], _W0_GUESS_EDGES[1:]):
-        y = 0.5 * (a + b) + 0.5 * (b - a) * nodes
-        fit = np.polynomial.chebyshev.chebfit(nodes, _w0_of_log1p_reference(y) / y, _W0_GUESS_DEGREE)
+    for a, b in zip(edges[:-1], edges[1:]):
+        x = 0.5 * (a + b) + 0.5 * (b - a) * nodes
+        fit = np.polynomial.chebyshev.chebfit(nodes, reference(x) / x, _GUESS_DEGREE)
         monomial = np.polynomial.Chebyshev(fit, domain=[a, b]).convert(kind=np.polynomial.Polynomial)
         pieces.append(tuple(float(c) for c in monomial.coef))
     return tuple(pieces)
+
+
+def _piecewise_polynomial(x: jax.Array, edges: tuple[float, ...], pieces: tuple[tuple[float, ...], ...]) -> jax.Array:
+    """The polynomial of x's piece (``pieces[k]`` between ``edges[k]`` and ``edges[k + 1]``, ascending
+    coefficients) at x. The piece's coefficients are chosen by selects and summed in one Horner chain:
+    no branch, no gather, so the loop stays one vectorised pass."""
+    coefficients = [jnp.full_like(x, c) for c in pieces[0]]
+    for edge, piece in zip(edges[1:-1], pieces[1:]):
+        above = x >= edge
+        coefficients = [jnp.where(above, new, c) for new, c in zip(piece, coefficients)]
+    value = coefficients[-1]
+    for c in reversed(coefficients[:-1]):
+        value = value * x + c
+    return value
 
 
 def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
@@ -331,22 +364,13 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     The error budget: a Fritsch step from a relative error e leaves about 0.015 e^4, so the last step
     (with the accurate logarithm) ends at rounding from any e below 1e-4. Above z = -0.25 the guess is
     ``y P_k(y)`` with ``y = log(1 + z)`` from the rough logarithm (within 1.6e-7, which moves W by as
-    much relative at most) and ``P_k`` the polynomial of y's piece (:func:`_w0_guess_coefficients`,
-    5.0e-5): the pieces' coefficients are chosen by selects, so the guess costs one logarithm and one
-    polynomial, no division. Below z = -0.25 the branch-point polynomial (1.2e-7). Below |z| = 1e-4
+    much relative at most) and ``P_k`` the polynomial of y's piece (:func:`_guess_coefficients`,
+    5.0e-5): one logarithm and one polynomial, no division. Below z = -0.25 the branch-point polynomial (1.2e-7). Below |z| = 1e-4
     the start is ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round
     ``log(1 + z)`` too coarsely.
     """
     y = _rough_log(1.0 + jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    pieces = _w0_guess_coefficients()
-    coefficients = [jnp.full_like(y, c) for c in pieces[0]]
-    for edge, piece in zip(_W0_GUESS_EDGES[1:-1], pieces[1:]):
-        above = y >= edge
-        coefficients = [jnp.where(above, new, c) for new, c in zip(piece, coefficients)]
-    poly = coefficients[-1]
-    for c in reversed(coefficients[:-1]):
-        poly = poly * y + c
-    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, y * poly)
+    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, y * _piecewise_polynomial(y, _W0_GUESS_EDGES, _guess_coefficients(0)))
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
@@ -369,22 +393,40 @@ def _branch0(z: jax.Array) -> jax.Array:
     return jnp.where(z >= -hi, w, jnp.nan)  # -hi is the dtype's nearest value to -1/e
 
 
+def _branch_m1_start(s: jax.Array, delta: jax.Array, series: jax.Array) -> jax.Array:
+    """W_{-1}(-e^s) to within 5.1e-5 relative for float64 ``s``, for one Fritsch step to finish (the
+    budget of :func:`_branch0_start`): the branch-point polynomial above s = log(0.25) (1.2e-7), ``s
+    P_k(s)`` with ``P_k`` the polynomial of s's piece down to s = -20 (:func:`_guess_coefficients`,
+    5.0e-5), and below it the asymptotic series to its fourth term, ``L1 - L2 + (L2 / L1) (1 + (L2 - 2)
+    / (2 L1))`` with ``L1 = s``, ``L2 = log(-s)`` [Corless et al. 1996, eq. 4.19] (6.8e-6 at s = -20,
+    less below; the rough logarithm's 1.5e-7 moves it by less)."""
+    l1 = jnp.minimum(s, _WM1_GUESS_EDGES[0])
+    l2 = _rough_log(-l1)
+    over_l1 = 1.0 / l1
+    asymptotic = l1 - l2 + l2 * over_l1 * (1.0 + 0.5 * (l2 - 2.0) * over_l1)
+    x = jnp.clip(s, _WM1_GUESS_EDGES[0], _WM1_GUESS_EDGES[-1])
+    w = jnp.where(s < _WM1_GUESS_EDGES[0], asymptotic, x * _piecewise_polynomial(x, _WM1_GUESS_EDGES, _guess_coefficients(-1)))
+    return jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, w)
+
+
 def _branch_m1(s: jax.Array, delta: jax.Array) -> jax.Array:
     """Shared W_{-1} solver from s = log(-z) and delta = e z + 1 (exact near the branch point).
 
     The iteration uses log(z / w) = s - log(-w): the ratio z / w itself underflows for tiny z.
+    float64: one step with fdlibm's logarithm from :func:`_branch_m1_start`; -w is at least 1, a
+    positive normal number. float32: two steps with XLA's logarithm from the asymptotic series.
     """
     p = -jnp.sqrt(2.0 * jnp.maximum(delta, 0.0))
     series = _branch_point_series(p, -1)
-    # float64: the guess and the first step take the rough logarithm, the last fdlibm's (module
-    # docstring); -l1 and -w are at least 1, so both see positive normal numbers only.
-    rough_log, last_log = (_rough_log, _log) if s.dtype == jnp.float64 else (jnp.log, jnp.log)
-    l1 = jnp.minimum(s, -1.0)
-    l2 = rough_log(-l1)
-    asymptotic = l1 - l2 + _over(l2, l1)
-    w = jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, asymptotic)
-    for step in range(_NUM_FRITSCH_STEPS):
-        w = _fritsch_step(w, s - (last_log if step == _NUM_FRITSCH_STEPS - 1 else rough_log)(-w))
+    if s.dtype == jnp.float64:
+        w = _branch_m1_start(s, delta, series)
+        w = _fritsch_step(w, s - _log(-w))
+    else:
+        l1 = jnp.minimum(s, -1.0)
+        l2 = jnp.log(-l1)
+        w = jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, l1 - l2 + _over(l2, l1))
+        for _ in range(_NUM_FRITSCH_STEPS):
+            w = _fritsch_step(w, s - jnp.log(-w))
     return jnp.where(-p < _SERIES_ONLY_BELOW, series, w)
 
 

@@ -215,22 +215,40 @@ def test_the_logarithms_inside_float64_w_match_mpmath():
     assert np.abs(np.asarray(jax.jit(_rough_log)(jnp.asarray(x))) - want).max() <= 1.6e-7
 
 
-def test_float64_w0_guess_is_within_its_budget_on_every_piece():
-    """The guess the compensated step starts from, against mpmath: within 5.1e-5 relative (the step
-    then ends at rounding from anything below 1e-4), on each piece of y = log(1 + z), on both sides
-    of every edge, and where the pieces end (z = -0.25, the largest float)."""
-    from sdsl_jax.lambertw import _W0_GUESS_EDGES, _branch0_start
+def _pieces_and_edges(edges, rng, per_piece=400):
+    """Uniform points on every piece between ``edges`` and points within 1e-13..1e-3 (relative) of
+    each inner edge, on both sides."""
+    x = np.concatenate([rng.uniform(a, b, per_piece) for a, b in zip(edges[:-1], edges[1:])])
+    inner = np.array(edges[1:-1])
+    offsets = np.geomspace(1e-13, 1e-3, 20)
+    return np.concatenate([x, (inner[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()])
+
+
+@pytest.mark.parametrize("branch", [0, -1])
+def test_float64_guesses_are_within_their_budget_and_the_step_ends_at_rounding(branch):
+    """The guess the last Fritsch step starts from, against mpmath: within 5.1e-5 relative (the step
+    then ends at rounding from anything below 1e-4) on each piece of the guess's polynomials, on both
+    sides of every edge and where the pieces end; and W itself within two ulp there. W_0's pieces lie
+    in y = log(1 + z) from z = -0.25 to the largest float; W_{-1}'s in s = log(-z) from z = -0.25 down
+    to s = -20, below which the asymptotic series guesses (here to s = -1e6)."""
+    from sdsl_jax.lambertw import _W0_GUESS_EDGES, _WM1_GUESS_EDGES, _branch0_start, _branch_m1_start
 
     rng = np.random.default_rng(3)
-    y = np.concatenate([rng.uniform(a, b, 400) for a, b in zip(_W0_GUESS_EDGES[:-1], _W0_GUESS_EDGES[1:])])
-    edges = np.array(_W0_GUESS_EDGES[1:-1])
-    offsets = np.geomspace(1e-13, 1e-3, 20)
-    y = np.concatenate([y, (edges[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()])
-    z = np.concatenate([np.expm1(y), [-0.25, np.finfo(np.float64).max]])
-    z = z[np.abs(z) >= 1e-4]  # below, the start is z (1 - z)
-    guess = np.asarray(jax.jit(lambda v: _branch0_start(v, jnp.zeros_like(v)))(jnp.asarray(z)))
-    want = np.array([mp_lambertw(x, 0) for x in z])
+    if branch == 0:
+        z = np.concatenate([np.expm1(_pieces_and_edges(_W0_GUESS_EDGES, rng)), [-0.25, np.finfo(np.float64).max]])
+        z = z[np.abs(z) >= 1e-4]  # below, the start is z (1 - z)
+        guess = np.asarray(jax.jit(lambda v: _branch0_start(v, jnp.zeros_like(v)))(jnp.asarray(z)))
+        want = np.array([mp_lambertw(x, 0) for x in z])
+        got = np.asarray(jax.jit(lambertw)(jnp.asarray(z)))
+    else:
+        s = np.concatenate([_pieces_and_edges(_WM1_GUESS_EDGES, rng), -np.exp(rng.uniform(np.log(20.0), np.log(1e6), 400)),
+                            [math.log(0.25) - 1e-12]])
+        delta = -np.expm1(s + 1.0)  # e z + 1 at z = -e^s
+        guess = np.asarray(jax.jit(lambda v, d: _branch_m1_start(v, d, jnp.zeros_like(v)))(jnp.asarray(s), jnp.asarray(delta)))
+        want = np.array([mp_lambertw_m1_log(x) for x in s])
+        got = np.asarray(jax.jit(lambertw_m1_log)(jnp.asarray(s)))
     assert relative_error(guess, want).max() <= 5.1e-5
+    assert relative_error(got, want).max() <= 2 * np.finfo(np.float64).eps
 
 
 @pytest.mark.parametrize("branch", [0, -1])
