@@ -414,13 +414,17 @@ def _branch_m1(s: jax.Array, delta: jax.Array) -> jax.Array:
 
     The iteration uses log(z / w) = s - log(-w): the ratio z / w itself underflows for tiny z.
     float64: one step with fdlibm's logarithm from :func:`_branch_m1_start`; -w is at least 1, a
-    positive normal number. float32: two steps with XLA's logarithm from the asymptotic series.
+    positive normal number. Its residual ``zn = log(z / w) - w`` is summed as ``(s - w) - log(-w)``:
+    ``w <= s <= 0`` with ``|w| <= 2 |s|`` (``w^2 e^w <= 4 / e^2`` on ``w <= -1``), so ``s - w`` is exact
+    by Sterbenz' lemma, and so is its difference with ``log(-w)`` near the root; ``zn`` then carries
+    only the logarithm's rounding (and s's own), which the step multiplies by ``w / (1 + w)``.
+    float32: two steps with XLA's logarithm from the asymptotic series.
     """
     p = -jnp.sqrt(2.0 * jnp.maximum(delta, 0.0))
     series = _branch_point_series(p, -1)
     if s.dtype == jnp.float64:
         w = _branch_m1_start(s, delta, series)
-        w = _fritsch_step(w, s - _log(-w))
+        w = _fritsch_update(w, (s - w) - _log(-w))
     else:
         l1 = jnp.minimum(s, -1.0)
         l2 = jnp.log(-l1)

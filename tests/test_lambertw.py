@@ -59,12 +59,13 @@ def test_float32_matches_mpmath_across_domain(k):
     assert relative_error(got, want).max() <= 1e-5
 
 
-@pytest.mark.parametrize(("k", "max_ulp"), [(0, 1), (-1, 4)])
+@pytest.mark.parametrize(("k", "max_ulp"), [(0, 1), (-1, 2)])
 def test_float64_near_the_branch_point_is_within_its_ulp_bound(k, max_ulp):
     # z placed by p = sqrt(2 (e z + 1)) from 1e-4 to 1.4: where the series alone answers, across
     # the switch to the iteration, and where the iteration's rounding is divided by 1 + w ~ p; densely
-    # where that division costs most (|p| 0.3-1.4). W_0's step recovers its quotient's rounding and
-    # stays within one ulp; W_{-1}'s takes log(-z) rounded and reaches 3-4 ulp at |p| 0.45-0.55.
+    # where that division costs most (|p| 0.3-1.4). W_0's step recovers its quotient's rounding; W_{-1}'s
+    # residual (s - w) - log(-w) is exact but for the logarithm's rounding and that of s = log(-z)
+    # (formed as s - log(-w) - w, its first difference rounded, it reached 4 ulp at |p| 0.45-0.55).
     with mpmath.workdps(50):
         p = np.concatenate([np.geomspace(1e-4, 1.4, 600), np.geomspace(0.3, 1.4, 2000)])
         z = np.array([float((mpmath.mpf(v) ** 2 / 2 - 1) / mpmath.e) for v in p])
