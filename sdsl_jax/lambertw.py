@@ -284,7 +284,8 @@ def _winitzki_or_series(z: jax.Array, series: jax.Array) -> jax.Array:
     """The first guess on float32 ``W_0``: the branch-point polynomial below z = -0.25, Winitzki's
     approximation ``L (1 - log(1 + L) / (2 + L))``, ``L = log(1 + z)``, above (within 3.6% of W)."""
     log1pz = jnp.log1p(jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, log1pz * (1.0 - _over(jnp.log1p(log1pz), 2.0 + log1pz)))
+    winitzki = log1pz * (1.0 - _over(jnp.log1p(log1pz), 2.0 + log1pz))
+    return jnp.where(z < _SERIES_GUESS_BELOW_Z, series, winitzki)
 
 
 # float64 guesses away from the branch point (:func:`_branch0_start`, :func:`_branch_m1_start`): W / x
@@ -344,7 +345,8 @@ def _guess_coefficients(branch: int) -> tuple[tuple[float, ...], ...]:
     return tuple(pieces)
 
 
-def _piecewise_polynomial(x: jax.Array, edges: tuple[float, ...], pieces: tuple[tuple[float, ...], ...]) -> jax.Array:
+def _piecewise_polynomial(x: jax.Array, edges: tuple[float, ...],
+                          pieces: tuple[tuple[float, ...], ...]) -> jax.Array:
     """The polynomial of x's piece (``pieces[k]`` between ``edges[k]`` and ``edges[k + 1]``, ascending
     coefficients) at x. The piece's coefficients are chosen by selects and summed in one Horner chain:
     no branch, no gather, so the loop stays one vectorised pass."""
@@ -365,12 +367,13 @@ def _branch0_start(z: jax.Array, series: jax.Array) -> jax.Array:
     (with the accurate logarithm) ends at rounding from any e below 1e-4. Above z = -0.25 the guess is
     ``y P_k(y)`` with ``y = log(1 + z)`` from the rough logarithm (within 1.6e-7, which moves W by as
     much relative at most) and ``P_k`` the polynomial of y's piece (:func:`_guess_coefficients`,
-    5.0e-5): one logarithm and one polynomial, no division. Below z = -0.25 the branch-point polynomial (1.2e-7). Below |z| = 1e-4
-    the start is ``z (1 - z)`` (relative error 1.5 z^2), where ``1 + z`` would round
-    ``log(1 + z)`` too coarsely.
+    5.0e-5): one logarithm and one polynomial, no division. Below z = -0.25 the branch-point
+    polynomial (1.2e-7). Below |z| = 1e-4 the start is ``z (1 - z)`` (relative error 1.5 z^2), where
+    ``1 + z`` would round ``log(1 + z)`` too coarsely.
     """
     y = _rough_log(1.0 + jnp.maximum(z, _SERIES_GUESS_BELOW_Z))
-    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, y * _piecewise_polynomial(y, _W0_GUESS_EDGES, _guess_coefficients(0)))
+    away = y * _piecewise_polynomial(y, _W0_GUESS_EDGES, _guess_coefficients(0))
+    w = jnp.where(z < _SERIES_GUESS_BELOW_Z, series, away)
     return jnp.where(jnp.abs(z) < 1e-4, z * (1.0 - z), w)  # not z - z*z, which underflows (slowly)
 
 
@@ -405,7 +408,8 @@ def _branch_m1_start(s: jax.Array, delta: jax.Array, series: jax.Array) -> jax.A
     over_l1 = 1.0 / l1
     asymptotic = l1 - l2 + l2 * over_l1 * (1.0 + 0.5 * (l2 - 2.0) * over_l1)
     x = jnp.clip(s, _WM1_GUESS_EDGES[0], _WM1_GUESS_EDGES[-1])
-    w = jnp.where(s < _WM1_GUESS_EDGES[0], asymptotic, x * _piecewise_polynomial(x, _WM1_GUESS_EDGES, _guess_coefficients(-1)))
+    pieces = x * _piecewise_polynomial(x, _WM1_GUESS_EDGES, _guess_coefficients(-1))
+    w = jnp.where(s < _WM1_GUESS_EDGES[0], asymptotic, pieces)
     return jnp.where(delta < 1.0 + math.e * _SERIES_GUESS_BELOW_Z, series, w)
 
 

@@ -239,16 +239,18 @@ def test_float64_guesses_are_within_their_budget_and_the_step_ends_at_rounding(b
 
     rng = np.random.default_rng(3)
     if branch == 0:
-        z = np.concatenate([np.expm1(_pieces_and_edges(_W0_GUESS_EDGES, rng)), [-0.25, np.finfo(np.float64).max]])
+        ends = [-0.25, np.finfo(np.float64).max]
+        z = np.concatenate([np.expm1(_pieces_and_edges(_W0_GUESS_EDGES, rng)), ends])
         z = z[np.abs(z) >= 1e-4]  # below, the start is z (1 - z)
         guess = np.asarray(jax.jit(lambda v: _branch0_start(v, jnp.zeros_like(v)))(jnp.asarray(z)))
         want = np.array([mp_lambertw(x, 0) for x in z])
         got = np.asarray(jax.jit(lambertw)(jnp.asarray(z)))
     else:
-        s = np.concatenate([_pieces_and_edges(_WM1_GUESS_EDGES, rng), -np.exp(rng.uniform(np.log(20.0), np.log(1e6), 400)),
-                            [math.log(0.25) - 1e-12]])
+        far = -np.exp(rng.uniform(np.log(20.0), np.log(1e6), 400))
+        s = np.concatenate([_pieces_and_edges(_WM1_GUESS_EDGES, rng), far, [math.log(0.25) - 1e-12]])
         delta = -np.expm1(s + 1.0)  # e z + 1 at z = -e^s
-        guess = np.asarray(jax.jit(lambda v, d: _branch_m1_start(v, d, jnp.zeros_like(v)))(jnp.asarray(s), jnp.asarray(delta)))
+        start = jax.jit(lambda v, d: _branch_m1_start(v, d, jnp.zeros_like(v)))
+        guess = np.asarray(start(jnp.asarray(s), jnp.asarray(delta)))
         want = np.array([mp_lambertw_m1_log(x) for x in s])
         got = np.asarray(jax.jit(lambertw_m1_log)(jnp.asarray(s)))
     assert relative_error(guess, want).max() <= 5.1e-5
