@@ -249,6 +249,7 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
     from sdsl_jax.data import load_acceptance, load_pretraining
     from sdsl_jax.figures import rank_histogram_figure
+    from sdsl_jax.infer.posterior import plane_target_accept
     from sdsl_jax.loss_laws import FAMILIES
     from sdsl_jax.validation.calibration import acceptance_sbc, loss_law_sbc
 
@@ -262,7 +263,8 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
         def law_study(name, **kw):
             return loss_law_sbc(FAMILIES[name], runs.n_params, runs.n_tokens, run=run, **kw)
 
-        studies += [(name, "families", f"{len(runs.n_params)} runs of {args.design}", law_study) for name in families]
+        studies += [(name, "families", f"{len(runs.n_params)} runs of {args.design}", law_study,
+                     FAMILIES[name].target_accept) for name in families]
     if acceptance:
         pairs = load_acceptance(args.acceptance_design)
         effects, why = pairs.model_effects_identified()
@@ -280,15 +282,16 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
 
         design = (f"{len(pairs.alpha)} pairs of {args.acceptance_design} (per-model effects "
                   f"{'on' if effects else 'off'}: {why})")
-        studies += [(name, "acceptance_models", design, acceptance_study) for name in acceptance]
+        studies += [(name, "acceptance_models", design, acceptance_study,
+                     plane_target_accept(ACCEPTANCE_MODELS[name], effects=bool(effects))) for name in acceptance]
     shard = _shard(args)
     sampler = dict(num_chains=args.chains, num_warmup=args.warmup, num_samples=args.draws, retries=args.reruns)
     record["sampler"] = dict(chains=args.chains, warmup=args.warmup, draws=args.draws, reruns=args.reruns)
     unfinished = []
-    for name, kind, design, run_study in studies:
+    for name, kind, design, run_study, target_accept in studies:
         start = time.perf_counter()
         print(f"sbc: {name}, {args.datasets} datasets on {design}; NUTS {args.chains} chains x ({args.warmup} + "
-              f"{args.draws}), {args.reruns} rerun(s) of a failing posterior"
+              f"{args.draws}) at target acceptance {target_accept}, {args.reruns} rerun(s) of a failing posterior"
               + (f"; shard {shard[0]}/{shard[1]}" if shard[1] > 1 else ""), flush=True)
         stage = f"sbc-{name}.jsonl" if kind == "families" else f"sbc-acceptance-{name}.jsonl"
         study = run_study(name, datasets=args.datasets, seed=args.seed, **sampler, shard=shard,
@@ -305,7 +308,7 @@ def _sbc(args, families: list[str], acceptance: list[str], command: str) -> dict
             datasets_failing_checks=failed, failing_by_check={
                 check: sum(1 for problems in study.failed_checks if any(check in p for p in problems))
                 for check in SBC_CHECKS},
-            ranks=study.ranks.tolist(), seconds=time.perf_counter() - start)
+            ranks=study.ranks.tolist(), target_accept=target_accept, seconds=time.perf_counter() - start)
         print(f"sbc: {name}: chi-square p per parameter " + ", ".join(f"{t.site} {t.p_value:.3f}" for t in study.tests)
               + f"; {failed} of {args.datasets} posteriors failed a check", flush=True)
     if unfinished:

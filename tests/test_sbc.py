@@ -256,13 +256,50 @@ def test_a_study_under_a_revised_prior_is_another_study():
     from sdsl_jax.loss_laws import BROKEN_POWER_LAW, CHINCHILLA, DATA_ONLY, EXPONENT_PRIOR, KAPLAN, prior_key
     from sdsl_jax.validation.calibration import _sampler_study
 
-    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
+    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2, target_accept=0.9)
     assert KAPLAN.prior_revision == 0 and prior_key([KAPLAN]) == {} and prior_key([]) == {}
     assert prior_key([KAPLAN, DATA_ONLY])["exponent_prior"] == list(EXPONENT_PRIOR)
     broken, chinchilla = (_sampler_study(**settings, families=(f,)) for f in (BROKEN_POWER_LAW, CHINCHILLA))
     assert broken != chinchilla and broken["prior_revisions"] == {"broken": BROKEN_POWER_LAW.prior_revision}
     assert chinchilla["prior_revisions"] == {"chinchilla": CHINCHILLA.prior_revision}
     assert chinchilla["exponent_prior"] == list(EXPONENT_PRIOR)
+
+
+def test_a_study_sampled_at_another_target_acceptance_is_another_study(tmp_path, monkeypatch):
+    """NUTS's target acceptance is part of an SBC study's key: the stage lines of a study sampled at
+    a family's former target acceptance are not resumed as the current one's, and the shipped SBC
+    functions key by the target acceptance they sample at (the family's; the acceptance model's with
+    per-model effects, 0.9 without)."""
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.infer.posterior import plane_target_accept
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW
+    from sdsl_jax.validation.calibration import _sampler_study
+
+    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2, families=(BROKEN_POWER_LAW,))
+    former, current = (_sampler_study(**settings, target_accept=a) for a in (0.99, 0.95))
+    stage = str(tmp_path / "sbc.jsonl")
+    calls = []
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=former)
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=current)
+    assert len(calls) == 12  # nothing resumed across target acceptances
+    study(exact_fit(calls=calls), datasets=6, stage_path=stage, study=current)
+    assert len(calls) == 12  # the same study resumes whole
+    logit = ACCEPTANCE_MODELS["logit-plane"]
+    assert plane_target_accept(logit, effects=True) == logit.effects_target_accept != 0.9
+    assert plane_target_accept(logit, effects=False) == 0.9
+
+    import sdsl_jax.validation.calibration as calibration
+    from sdsl_jax.data import load_pretraining
+
+    keys = []
+    monkeypatch.setattr(calibration, "simulation_based_calibration", lambda *a, study, **kw: keys.append(study))
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
+    calibration.loss_law_sbc(BROKEN_POWER_LAW, runs.n_params, runs.n_tokens, run=runs.run_index()[0], datasets=2)
+    ppl = np.linspace(10.0, 30.0, 8)
+    model = np.repeat(np.arange(4), 2)
+    calibration.acceptance_sbc(logit, ppl, ppl[::-1], draft=model, target=model, datasets=2)
+    calibration.acceptance_sbc(logit, ppl, ppl[::-1], datasets=2)
+    assert [k["target_accept"] for k in keys] == [BROKEN_POWER_LAW.target_accept, logit.effects_target_accept, 0.9]
 
 
 def test_a_prior_a_model_does_not_use_never_sets_its_studies_apart(tmp_path):
@@ -273,7 +310,7 @@ def test_a_prior_a_model_does_not_use_never_sets_its_studies_apart(tmp_path):
     from sdsl_jax.loss_laws import CHINCHILLA, KAPLAN, same_prior_key
     from sdsl_jax.validation.calibration import _sampler_study
 
-    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2)
+    settings = dict(num_chains=4, num_warmup=500, num_samples=500, retries=2, target_accept=0.9)
     kaplan, acceptance, chinchilla = (_sampler_study(**settings, families=f) for f in ((KAPLAN,), (), (CHINCHILLA,)))
     old_prior = ["lognormal", -1.0498221244986778, 1.0]
     for current in (kaplan, acceptance):

@@ -39,6 +39,7 @@ __all__ = [
     "Identification",
     "identification",
     "sample_plane",
+    "plane_target_accept",
     "acceptance_numpyro_model",
     "EFFECT_PARAMETRISATIONS",
     "acceptance_pointwise_log_likelihood",
@@ -324,11 +325,17 @@ def sample_plane(
     var_names, dense = (PLANE_SITES, False) if draft is None else (
         PLANE_SITES + effect_scale_sites(effect_sides), True)
     return _sample_checked(numpyro_model, (*args, a), var_names=var_names, dense_mass=dense,
-                           target_accept=target_accept if target_accept is not None else (
-                               model.effects_target_accept if dense else 0.9),
+                           target_accept=(target_accept if target_accept is not None
+                                          else plane_target_accept(model, effects=dense)),
                            num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, seed=seed,
                            retries=retries, progress_bar=progress_bar, summarize=summarize, progress=progress,
                            prior_width=prior_width, starts=None if frame is None else dispersed_about_frame)
+
+
+def plane_target_accept(model: AcceptanceModel, *, effects: bool) -> float:
+    """NUTS's target acceptance in :func:`sample_plane` by default: ``model.effects_target_accept``
+    with per-model effects (a dense mass matrix over the effects and their scales), 0.9 without."""
+    return model.effects_target_accept if effects else 0.9
 
 
 def acceptance_numpyro_model(model: AcceptanceModel, ppl_draft: ArrayLike, ppl_target: ArrayLike, *,

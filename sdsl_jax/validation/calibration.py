@@ -193,10 +193,13 @@ def simulation_based_calibration(
     return SBCResult(tuple(sites), ranks, keep, tests, tuple(tuple(done[i]["problems"]) for i in range(datasets)))
 
 
-def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int, families=()) -> dict:
+def _sampler_study(*, num_chains: int, num_warmup: int, num_samples: int, retries: int, target_accept: float,
+                   families=()) -> dict:
     """The sampler's settings as a part of an SBC study's key (ranks under other settings are
-    another study's), with the priors (:func:`~sdsl_jax.loss_laws.prior_key` of ``families``)."""
-    return dict(**prior_key(families), chains=num_chains, warmup=num_warmup, draws=num_samples, reruns=retries)
+    another study's), with the priors (:func:`~sdsl_jax.loss_laws.prior_key` of ``families``) and
+    NUTS's target acceptance (a family's or an acceptance model's may change)."""
+    return dict(**prior_key(families), chains=num_chains, warmup=num_warmup, draws=num_samples, reruns=retries,
+                target_accept=target_accept)
 
 
 def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.ndarray | None = None,
@@ -228,7 +231,7 @@ def loss_law_sbc(family, n_params: np.ndarray, n_tokens: np.ndarray, *, run: np.
         return out.samples, out.diagnostics.problems
 
     study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries,
-                           families=(family,))
+                           target_accept=family.target_accept, families=(family,))
     return simulation_based_calibration(model, args, fit, obs_site="log_loss",
                                         sites=loss_law_sites(family, run_effects=run is not None),
                                         datasets=datasets, seed=seed, keep=keep, bins=bins,
@@ -251,7 +254,7 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
     of the study's key where it is not the default.
     """
     from sdsl_jax.infer.models import PLANE_SITES, effect_scale_sites
-    from sdsl_jax.infer.posterior import acceptance_numpyro_model, sample_plane
+    from sdsl_jax.infer.posterior import acceptance_numpyro_model, plane_target_accept, sample_plane
 
     numpyro_model, args = acceptance_numpyro_model(model, ppl_draft, ppl_target, weights=weights, draft=draft,
                                                    target=target, effect_sides=effect_sides)
@@ -264,7 +267,8 @@ def acceptance_sbc(model, ppl_draft: np.ndarray, ppl_target: np.ndarray, *, weig
         return out.samples, out.diagnostics.problems
 
     sites = PLANE_SITES + (effect_scale_sites(effect_sides) if draft is not None else ())
-    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries)
+    study = _sampler_study(num_chains=num_chains, num_warmup=num_warmup, num_samples=num_samples, retries=retries,
+                           target_accept=plane_target_accept(model, effects=draft is not None))
     if coefficients != "prior-scaled":  # the studies sampled before the option keep their key
         study["coefficients"] = coefficients
     return simulation_based_calibration(numpyro_model, args, fit, obs_site="alpha_obs", sites=sites,
