@@ -165,6 +165,7 @@ def fit_and_predict(args, inputs: Inputs, log):
     """The pipeline (point fits, posteriors, N*) and, with --stack, the other forms: ``(result, stacking, starts)``."""
     from sdsl_jax import pipeline  # after configure_jax: the pipeline's compiled code is float64
     from sdsl_jax.infer.models import effect_sides_of
+    from sdsl_jax.infer.posterior import plane_target_accept
 
     runs, acceptance, family, acceptance_model = inputs.runs, inputs.acceptance, inputs.family, inputs.acceptance_model
     dataset, drop, cost, recipe = inputs.dataset, inputs.drop, inputs.cost, inputs.recipe
@@ -204,7 +205,8 @@ def fit_and_predict(args, inputs: Inputs, log):
             if model_effects is None:
                 model_effects, why = acceptance.model_effects_identified()
             sides = effect_sides_of(model_effects)
-            fingerprint.update(model_effects=list(sides))
+            fingerprint.update(model_effects=list(sides),
+                               acceptance_target_accept=plane_target_accept(acceptance_model, effects=bool(sides)))
             log("posterior: " + (f"per-{' and per-'.join(sides)} model effects in the acceptance model (pairs sharing "
                                  "a model share its effect)" if sides else "acceptance pairs independent")
                 + f" ({why})")

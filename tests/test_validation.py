@@ -142,3 +142,24 @@ def test_the_stacked_n_star_band_is_the_mixture_of_the_forms_draws(weights):
         assert hi / lo > max(hi_a / lo_a, hi_b / lo_b)  # wider than either form's band: their disagreement
     lead = mixture_n_star([forms[0]._replace(weight=1.0)], **kw)
     assert lead == alone[0]
+
+
+def test_a_closure_fit_sampled_at_another_target_acceptance_is_not_resumed(tmp_path):
+    """A closure's stage key names the acceptance model's target acceptance as well as the law's:
+    a fit stored while the planes' per-model effects sampled at another target acceptance is
+    another fit (the planes' effects moved from 0.99 to 0.9 once)."""
+    import dataclasses
+
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.data import load_acceptance, load_pretraining
+    from sdsl_jax.loss_laws import CHINCHILLA
+    from sdsl_jax.validation.forms import Stages
+
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
+    pairs = load_acceptance("fits/ladder-v1/acceptance.csv")
+    assert pairs.model_effects_identified()[0]  # the planes sample per-model effects here
+    stages = Stages(str(tmp_path), resume=True, settings=dict(chains=4))
+    plane = ACCEPTANCE_MODELS["plane"]
+    former = dataclasses.replace(plane, effects_target_accept=0.99)
+    keys = [stages.store(runs, pairs, CHINCHILLA, model).inputs for model in (plane, former, plane)]
+    assert keys[0] != keys[1] and keys[0] == keys[2]

@@ -43,9 +43,12 @@ class Stages:
         # Every column counts (run labels, model names, weights): a changed label is another model.
         content = content_digest(runs, pairs)
         form = f"{family.name}+{model.name}" + ("" if prior_width == 1 else f"+priors-x{prior_width:g}")
+        from sdsl_jax.infer.posterior import plane_target_accept
+
+        effects = None if pairs is None else list(pairs.model_effects_identified()[0])
         inputs = dict(self.settings, data=content, law=family.name, target_accept=family.target_accept,
-                      **prior_key([family]), model=model.name,
-                      model_effects=None if pairs is None else list(pairs.model_effects_identified()[0]),
+                      **prior_key([family]), model=model.name, model_effects=effects,
+                      model_target_accept=plane_target_accept(model, effects=bool(effects)),
                       **({} if prior_width == 1 else dict(prior_width=prior_width)))
         return StageStore(os.path.join(self.folder, content[:16], form), resume=self.resume, log=self.log,
                           inputs=inputs)
