@@ -36,6 +36,11 @@ def domain_points(dtype, k):
     return z[(z >= -INV_E) & (z != 0)]
 
 
+def around(points, offsets):
+    """Each point moved by every relative offset, on both sides: ``points (1 +- offsets)``."""
+    return (np.asarray(points)[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()
+
+
 def relative_error(got, want):
     return np.abs(got.astype(np.float64) - want) / np.abs(want)
 
@@ -75,20 +80,18 @@ def test_float64_near_the_branch_point_is_within_its_ulp_bound(k, max_ulp):
     assert (np.abs(got - want) / np.spacing(np.abs(want))).max() <= max_ulp
 
 
-def test_float64_w0_is_within_two_ulp_where_its_first_step_changes_method():
+def test_float64_w0_is_within_two_ulp_where_its_guess_changes_method():
     # float64 W_0 starts from z (1 - z) below |z| = 1e-4, from the series below z = -0.25 and from
     # a polynomial in log(1 + z) of its piece elsewhere.
     from sdsl_jax.lambertw import _W0_GUESS_EDGES
 
     rng = np.random.default_rng(0)
     edges = np.concatenate([[1e-4, -1e-4, -0.25], np.expm1(_W0_GUESS_EDGES[1:-1])])
-    offsets = np.geomspace(1e-15, 1e-2, 60)
-    around = (edges[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()
     # XLA on CPU flushes subnormals to zero, so the domain's ends are the smallest normal and the largest float.
     tiny, huge = np.finfo(np.float64).tiny, np.finfo(np.float64).max
     extremes = np.concatenate([np.geomspace(tiny, 1e-300, 40), -np.geomspace(tiny, 1e-300, 40),
                                np.geomspace(1e300, 1e308, 40), [huge]])
-    z = np.concatenate([around, extremes, rng.uniform(-INV_E, 10.0, 2000)])
+    z = np.concatenate([around(edges, np.geomspace(1e-15, 1e-2, 60)), extremes, rng.uniform(-INV_E, 10.0, 2000)])
     z = z[z > -INV_E]
     got = np.asarray(jax.jit(lambertw)(jnp.asarray(z)))
     want = np.array([mp_lambertw(x, 0) for x in z])
@@ -223,9 +226,7 @@ def _pieces_and_edges(edges, rng, per_piece=400):
     """Uniform points on every piece between ``edges`` and points within 1e-13..1e-3 (relative) of
     each inner edge, on both sides."""
     x = np.concatenate([rng.uniform(a, b, per_piece) for a, b in zip(edges[:-1], edges[1:])])
-    inner = np.array(edges[1:-1])
-    offsets = np.geomspace(1e-13, 1e-3, 20)
-    return np.concatenate([x, (inner[:, None] * (1 + np.concatenate([-offsets, offsets])[None, :])).ravel()])
+    return np.concatenate([x, around(edges[1:-1], np.geomspace(1e-13, 1e-3, 20))])
 
 
 @pytest.mark.parametrize("branch", [0, -1])
