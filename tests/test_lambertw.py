@@ -70,7 +70,7 @@ def test_float64_near_the_branch_point_is_within_its_ulp_bound(k, max_ulp):
     # the switch to the iteration, and where the iteration's rounding is divided by 1 + w ~ p; densely
     # where that division costs most (|p| 0.3-1.4). W_0's step recovers its quotient's rounding; W_{-1}'s
     # residual (s - w) - log(-w) is exact but for the logarithm's rounding and that of s = log(-z)
-    # (formed as s - log(-w) - w, its first difference rounded, it reached 4 ulp at |p| 0.45-0.55).
+    # (summed as (s - log(-w)) - w, the first difference rounds, and W-1 reaches 4 ulp at |p| 0.45-0.55).
     with mpmath.workdps(50):
         p = np.concatenate([np.geomspace(1e-4, 1.4, 600), np.geomspace(0.3, 1.4, 2000)])
         z = np.array([float((mpmath.mpf(v) ** 2 / 2 - 1) / mpmath.e) for v in p])

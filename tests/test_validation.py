@@ -147,7 +147,7 @@ def test_the_stacked_n_star_band_is_the_mixture_of_the_forms_draws(weights):
 def test_a_closure_fit_sampled_at_another_target_acceptance_is_not_resumed(tmp_path):
     """A closure's stage key names the acceptance model's target acceptance as well as the law's:
     a fit stored while the planes' per-model effects sampled at another target acceptance is
-    another fit (the planes' effects moved from 0.99 to 0.9 once)."""
+    another fit (a model's target acceptance is a setting that may change)."""
     import dataclasses
 
     from sdsl_jax.acceptance import ACCEPTANCE_MODELS
