@@ -40,11 +40,11 @@ class Stages:
         self.folder, self.resume, self.settings, self.log = folder, resume, settings, log
 
     def store(self, runs, pairs, family, model, *, prior_width: float = 1.0):
+        from sdsl_jax.infer.posterior import plane_target_accept
+
         # Every column counts (run labels, model names, weights): a changed label is another model.
         content = content_digest(runs, pairs)
         form = f"{family.name}+{model.name}" + ("" if prior_width == 1 else f"+priors-x{prior_width:g}")
-        from sdsl_jax.infer.posterior import plane_target_accept
-
         effects = None if pairs is None else list(pairs.model_effects_identified()[0])
         inputs = dict(self.settings, data=content, law=family.name, target_accept=family.target_accept,
                       **prior_key([family]), model=model.name, model_effects=effects,
