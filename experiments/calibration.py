@@ -357,6 +357,18 @@ def _true_processes(args, runs, pairs, process_forms, command: str) -> list:
     return processes
 
 
+def stack_target_accept(families: list[str], models: list[str], *, model_effects) -> dict[str, float]:
+    """NUTS's target acceptance for each form of a stack as its closures fit it: each family's own,
+    and each acceptance model's with per-model effects where ``model_effects`` names any kind of
+    model, 0.9 without (:func:`sdsl_jax.infer.posterior.plane_target_accept`)."""
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.infer.posterior import plane_target_accept
+    from sdsl_jax.loss_laws import FAMILIES
+
+    return {**{name: FAMILIES[name].target_accept for name in families},
+            **{name: plane_target_accept(ACCEPTANCE_MODELS[name], effects=bool(model_effects)) for name in models}}
+
+
 def _misspecified(args, command: str) -> dict | None:
     """Synthetic closures from processes outside the lead form, scored against their truth; resumable.
 
@@ -405,13 +417,13 @@ def _misspecified(args, command: str) -> dict | None:
     # stacked mixture) belong to the study too: a closure fitted under other choices is another
     # study's, never resumed into this one. Weights by rows, the first studies' choice, are named
     # by the key's lacking stack_by, so that their closures still resume.
+    model_effects = list(pairs.model_effects_identified()[0])
     study = dict(forecast="stacked mixture", seed=args.seed, datasets=args.datasets, processes=args.processes,
                  stack=names, chains=args.chains,
                  warmup=args.warmup, draws=args.draws, design=[args.design, args.acceptance_design,
                          args.speculative_design if speculative is not None else "acceptance"],
-                 model_effects=list(pairs.model_effects_identified()[0]),
-                 target_accept={**{name: FAMILIES[name].target_accept for name in stack[0]},
-                                **{name: ACCEPTANCE_MODELS[name].effects_target_accept for name in stack[1]}},
+                 model_effects=model_effects,
+                 target_accept=stack_target_accept(*stack, model_effects=model_effects),
                  **prior_key(FAMILIES[name] for name in stack[0]),
                  **(dict(reruns=args.reruns, rerun_weight=args.rerun_weight) if args.reruns else {}),
                  **(dict(stack_by=args.stack_by) if args.stack_by != "rows" else {}))

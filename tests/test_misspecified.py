@@ -255,6 +255,23 @@ def test_the_study_closes_synthetic_ladders_and_resumes(tmp_path, capsys):
     assert "--shard" in capsys.readouterr().err
 
 
+def test_a_study_is_keyed_by_the_target_acceptance_its_posteriors_run_at():
+    """An acceptance model's posterior runs at its effects' target acceptance only where the design
+    identifies per-model effects; the study's key says the one it ran at."""
+    from experiments.calibration import stack_target_accept
+    from sdsl_jax.acceptance import ACCEPTANCE_MODELS
+    from sdsl_jax.loss_laws import FAMILIES
+
+    logit = ACCEPTANCE_MODELS["logit-plane"].effects_target_accept
+    assert logit != 0.9
+    forms = (["chinchilla", "broken"], ["plane", "logit-plane"])
+    broken = FAMILIES["broken"].target_accept
+    assert stack_target_accept(*forms, model_effects=["draft"]) == {
+        "chinchilla": 0.9, "broken": broken, "plane": 0.9, "logit-plane": logit}
+    assert stack_target_accept(*forms, model_effects=[]) == {
+        "chinchilla": 0.9, "broken": broken, "plane": 0.9, "logit-plane": 0.9}
+
+
 def test_band_figure_draws_every_process_and_skips_undefined_bands(tmp_path):
     from sdsl_jax.figures import n_star_band_figure
 
