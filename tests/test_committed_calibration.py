@@ -1,0 +1,51 @@
+"""The committed simulation-based calibration and what the docs say of it: a guard on ``fits/calibration``.
+
+Each shipped study's summary (``sbc-<family>.json``, ``sbc-acceptance-<model>.json``, written from its
+stage lines) is quoted by one row of the results table of ``docs/results/calibration.md``: its p
+values, its number of datasets, its failing posteriors and the target acceptance it was sampled at.
+A study fitted again with its row left from the earlier one fails here.
+"""
+
+import glob
+import json
+import os
+
+import pytest
+
+FOLDER = "fits/calibration"
+DOC = "docs/results/calibration.md"
+CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
+SHIPPED = {"chinchilla", "kaplan", "broken", "data", "plane", "log-plane", "logit-plane"}
+
+
+def study_summaries() -> list[tuple[str, dict]]:
+    """(name, summary) of every study with a summary file of its own."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(FOLDER, "sbc-*.json"))):
+        study = json.load(open(path))["studies"]["sbc"]
+        found += [(name, summary) for group in ("families", "acceptance_models")
+                  for name, summary in study.get(group, {}).items()]
+    return found
+
+
+def table_rows() -> list[str]:
+    section = open(DOC).read().split("## Results", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+
+
+def test_every_shipped_study_has_a_summary_of_its_own():
+    assert sorted(name for name, _ in study_summaries()) == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name, summary", study_summaries(), ids=[name for name, _ in study_summaries()])
+def test_each_study_is_one_row_of_the_results_table(name, summary):
+    p_values = ", ".join(f"{site} {test['p_value']:.3f}" for site, test in summary["tests"].items())
+    rows = [row for row in table_rows() if p_values in row]
+    assert len(rows) == 1, f"{name}: no single row of {DOC}'s results quotes the p values {p_values}"
+    label, datasets, _, below, failing = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    assert datasets == str(len(summary["ranks"]))  # one rank vector per dataset
+    assert (below == "none") == (min(t["p_value"] for t in summary["tests"].values()) >= 0.01)
+    assert failing == " / ".join(str(n) for n in [summary["datasets_failing_checks"]]
+                                 + [summary["failing_by_check"].get(check, 0) for check in CHECKS])
+    if summary.get("target_accept") is not None:
+        assert f"target acceptance {summary['target_accept']:g}" in label
