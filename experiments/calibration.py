@@ -365,8 +365,9 @@ def stack_target_accept(families: list[str], models: list[str], *, model_effects
     from sdsl_jax.infer.posterior import plane_target_accept
     from sdsl_jax.loss_laws import FAMILIES
 
+    effects = bool(model_effects)
     return {**{name: FAMILIES[name].target_accept for name in families},
-            **{name: plane_target_accept(ACCEPTANCE_MODELS[name], effects=bool(model_effects)) for name in models}}
+            **{name: plane_target_accept(ACCEPTANCE_MODELS[name], effects=effects) for name in models}}
 
 
 def _misspecified(args, command: str) -> dict | None:
