@@ -55,3 +55,16 @@ def test_each_study_is_one_row_of_the_results_table(name, summary):
                                  + [summary["failing_by_check"].get(check, 0) for check in CHECKS])
     if summary.get("target_accept") is not None:
         assert f"target acceptance {summary['target_accept']:g}" in label
+
+
+def test_the_gathered_file_is_the_shipped_studies():
+    """``sbc.json`` (and its figure, ``sbc.png``) is gathered from the same lines as each study's own
+    summary: the same ranks and tests, under the same target acceptance."""
+    gathered = json.load(open(os.path.join(FOLDER, "sbc.json")))["studies"]["sbc"]
+    studies = {name: summary for group in ("families", "acceptance_models")
+               for name, summary in gathered.get(group, {}).items()}
+    assert sorted(studies) == sorted(SHIPPED)
+    for name, own in STUDIES:
+        for field in ("ranks", "tests", "target_accept", "datasets_failing_checks", "failing_by_check"):
+            assert studies[name].get(field) == own.get(field), \
+                f"sbc.json's {name} study differs from its own summary in {field}"
