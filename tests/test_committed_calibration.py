@@ -3,9 +3,11 @@
 Each shipped study's summary (``sbc-<family>.json``, ``sbc-acceptance-<model>.json``, written from its
 stage lines) is quoted by one row of the results table of ``docs/results/calibration.md``: its p
 values, its number of datasets, its failing posteriors and the target acceptance it was sampled at.
-A study fitted again with its row left from the earlier one fails here.
+A study fitted again with its row left from the earlier one fails here. Its ranks are the committed
+stage lines of one study key, and ``sbc.json`` gathers the same studies.
 """
 
+import collections
 import glob
 import json
 import os
@@ -21,12 +23,13 @@ CHECKS = ("R-hat", "bulk ESS", "divergent", "maximum tree depth")
 SHIPPED = set(FAMILIES) | set(ACCEPTANCE_MODELS)  # every shipped form has its study
 
 
-def study_summaries() -> list[tuple[str, dict]]:
-    """(name, summary) of every study with a summary file of its own."""
+def study_summaries() -> list[tuple[str, dict, str]]:
+    """(name, summary, the stem of its file and stage lines) of every study with a summary file of its own."""
     found = []
     for path in sorted(glob.glob(os.path.join(FOLDER, "sbc-*.json"))):
         study = json.load(open(path))["studies"]["sbc"]
-        found += [(name, summary) for group in ("families", "acceptance_models")
+        stem = os.path.basename(path)[:-len(".json")]
+        found += [(name, summary, stem) for group in ("families", "acceptance_models")
                   for name, summary in study.get(group, {}).items()]
     return found
 
@@ -37,14 +40,14 @@ def table_rows() -> list[str]:
 
 
 def test_every_shipped_study_has_a_summary_of_its_own():
-    assert sorted(name for name, _ in STUDIES) == sorted(SHIPPED)
+    assert sorted(name for name, _, _ in STUDIES) == sorted(SHIPPED)
 
 
 STUDIES = study_summaries()
 
 
-@pytest.mark.parametrize("name, summary", STUDIES, ids=[name for name, _ in STUDIES])
-def test_each_study_is_one_row_of_the_results_table(name, summary):
+@pytest.mark.parametrize("name, summary, stem", STUDIES, ids=[name for name, _, _ in STUDIES])
+def test_each_study_is_one_row_of_the_results_table(name, summary, stem):
     p_values = ", ".join(f"{site} {test['p_value']:.3f}" for site, test in summary["tests"].items())
     rows = [row for row in table_rows() if p_values in row]
     assert len(rows) == 1, f"{name}: no single row of {DOC}'s results quotes the p values {p_values}"
@@ -64,7 +67,22 @@ def test_the_gathered_file_is_the_shipped_studies():
     studies = {name: summary for group in ("families", "acceptance_models")
                for name, summary in gathered.get(group, {}).items()}
     assert sorted(studies) == sorted(SHIPPED)
-    for name, own in STUDIES:
+    for name, own, _ in STUDIES:
         for field in ("ranks", "tests", "target_accept", "datasets_failing_checks", "failing_by_check"):
             assert studies[name].get(field) == own.get(field), \
                 f"sbc.json's {name} study differs from its own summary in {field}"
+
+
+@pytest.mark.parametrize("name, summary, stem", STUDIES, ids=[name for name, _, _ in STUDIES])
+def test_each_study_is_its_committed_stage_lines(name, summary, stem):
+    """A summary's ranks are the committed lines of one study key, fitted at the target acceptance the
+    summary records: the study can be gathered again, or resumed, from the repository alone."""
+    by_key = collections.defaultdict(dict)
+    for path in glob.glob(os.path.join(FOLDER, "stages", f"{stem}*.jsonl")):
+        for line in open(path):
+            unit = json.loads(line)
+            by_key[json.dumps(unit["study"], sort_keys=True)][unit["dataset"]] = unit["ranks"]
+    keys = [key for key, ranks in by_key.items()
+            if [ranks.get(i) for i in range(len(summary["ranks"]))] == summary["ranks"]]
+    assert len(keys) == 1, f"{name}: {len(keys)} study keys in {FOLDER}/stages give its summary's ranks"
+    assert json.loads(keys[0]).get("target_accept") == summary.get("target_accept")
