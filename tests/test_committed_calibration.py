@@ -10,6 +10,7 @@ studies.
 """
 
 import collections
+import functools
 import glob
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 
 from sdsl_jax.acceptance import ACCEPTANCE_MODELS
 from sdsl_jax.loss_laws import FAMILIES
+from sdsl_jax.store import read_stage_lines, stage_files
 
 FOLDER = "fits/calibration"
 DOC = "docs/results/calibration.md"
@@ -38,6 +40,7 @@ def study_summaries(folder: str) -> list[tuple[str, dict, str]]:
     return found
 
 
+@functools.cache
 def table_rows(header: str) -> list[list[str]]:
     """The cells of each row of the results table whose header's first cell is ``header``."""
     section = open(DOC).read().split("## Results", 1)[1].split("\n## ", 1)[0]
@@ -68,7 +71,8 @@ def test_every_form_has_a_study_of_its_own(folder):
 def test_each_study_is_one_row_of_its_results_table(folder, name, summary, stem):
     p_values = ", ".join(f"{site} {test['p_value']:.3f}" for site, test in summary["tests"].items())
     rows = [cells for cells in table_rows(TABLES[folder][1]) if p_values in cells[2]]
-    assert len(rows) == 1, f"{name}: no single row of {DOC}'s table for {folder} quotes the p values {p_values}"
+    assert len(rows) == 1, \
+        f"{name}: no single row of {DOC}'s table for {folder} quotes the p values {p_values}"
     label, datasets, _, below, failing = rows[0]
     assert datasets == str(len(summary["ranks"]))  # one rank vector per dataset
     assert (below == "none") == (min(t["p_value"] for t in summary["tests"].values()) >= 0.01)
@@ -96,9 +100,8 @@ def test_each_study_is_its_committed_stage_lines(folder, name, summary, stem):
     """A summary's ranks are the committed lines of one study key, fitted at the target acceptance the
     summary records: the study can be gathered again, or resumed, from the repository alone."""
     by_key = collections.defaultdict(dict)
-    for path in glob.glob(os.path.join(folder, "stages", f"{stem}*.jsonl")):
-        for line in open(path):
-            unit = json.loads(line)
+    for path in stage_files(os.path.join(folder, "stages", f"{stem}.jsonl")):  # the files the study reads
+        for unit in read_stage_lines(path):
             by_key[json.dumps(unit["study"], sort_keys=True)][unit["dataset"]] = unit["ranks"]
     keys = [key for key, ranks in by_key.items()
             if [ranks.get(i) for i in range(len(summary["ranks"]))] == summary["ranks"]]
