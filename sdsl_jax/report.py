@@ -9,7 +9,10 @@ so a summary.json written earlier prints the same table.
 
 from __future__ import annotations
 
+import json
+import math
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,6 +21,7 @@ from sdsl_jax.costs import target_alone_cost
 from sdsl_jax.data import AcceptanceMeasurements, PretrainingRuns
 from sdsl_jax.figures import format_size
 from sdsl_jax.infer.models import sampled_effect_sides
+from sdsl_jax.infer.sampler import Diagnostics
 from sdsl_jax.optimum import SDSL2026_LINEAR_LAW
 from sdsl_jax.pipeline import PipelineResult
 from sdsl_jax.predict.ranking import NOT_PINNED_DOWN
@@ -31,6 +35,9 @@ __all__ = [
     "add_data_checks",
     "diagnostics_advice",
     "format_table",
+    "RecordedPosterior",
+    "recorded_posteriors",
+    "geometry_shortfalls",
 ]
 
 PAPER_MU, PAPER_M0 = float(SDSL2026_LINEAR_LAW.mu), float(SDSL2026_LINEAR_LAW.m0)
@@ -277,3 +284,72 @@ def format_table(summary: dict) -> str:
             f"{k} {np.mean(s[k]):+.2f}" for k in ("A", "B", "C")))
     print("")
     return "\n".join(lines)
+
+
+class RecordedPosterior(NamedTuple):
+    """One posterior's checks as a result file records them.
+
+    Attributes:
+      places: every place in the record that holds this run's diagnostics, each the keys down to
+        them joined by ``/`` (``prospective_fits/24832/diagnostics/broken``); a closure records its
+        fit on all the data under its stacking, its own diagnostics and its last forward fit alike.
+      diagnostics: the checks (:class:`~sdsl_jax.infer.Diagnostics`).
+    """
+
+    places: tuple[str, ...]
+    diagnostics: Diagnostics
+
+
+_CHECKS = ("max_rhat", "min_ess_bulk", "num_divergences", "ok", "problems")
+
+
+def recorded_posteriors(record) -> list[RecordedPosterior]:
+    """Every posterior's diagnostics in a result record (``summary.json``, ``closure.json``, any JSON
+    a command writes): each mapping that holds the checks of :class:`~sdsl_jax.infer.Diagnostics`,
+    found at any depth, in the record's order. Records of one run met at several places (the same
+    values) are one posterior. Raises ``ValueError`` naming the place of a record that has the
+    checks but cannot be read as diagnostics."""
+    found: dict[str, tuple[list[str], object]] = {}
+
+    def walk(node, keys):
+        if isinstance(node, dict):
+            if all(k in node for k in _CHECKS):
+                place = "/".join(keys)
+                try:
+                    diagnostics = Diagnostics.from_record(node)
+                except (TypeError, ValueError) as err:
+                    raise ValueError(f"{place}: {err}") from None
+                same = json.dumps(node, sort_keys=True)
+                found.setdefault(same, ([], diagnostics))[0].append(place)
+                return
+            for key, value in node.items():
+                walk(value, keys + [str(key)])
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, keys + [str(i)])
+
+    walk(record, [])
+    return [RecordedPosterior(tuple(places), diagnostics) for places, diagnostics in found.values()]
+
+
+def geometry_shortfalls(diagnostics: Diagnostics, *, max_median_steps: float = 64,
+                        max_tree_depth_share: float = 0.0, min_ess_bulk: float = 400.0) -> tuple[str, ...]:
+    """How a posterior's run falls short of a well-conditioned sampler: more than ``max_median_steps``
+    leapfrog steps per draw (median), more than ``max_tree_depth_share`` of its draws at NUTS's
+    maximum tree depth, a bulk ESS below ``min_ess_bulk`` (the defaults: tens of steps per draw, none
+    at the cap, 100 effective draws per chain of four). Empty when it meets all three; a step count
+    not recorded is a shortfall of its own. These are stricter than the checks a posterior must pass
+    to be used (:func:`sdsl_jax.infer.check_diagnostics`): they say what a run costs, not whether
+    its draws can be trusted."""
+    d = diagnostics
+    out = []
+    if math.isnan(d.median_steps) or math.isnan(d.max_tree_depth_share):
+        out.append("steps per draw not recorded")
+    else:
+        if d.median_steps > max_median_steps:
+            out.append(f"{d.median_steps:.0f} leapfrog steps per draw (median) > {max_median_steps:g}")
+        if d.max_tree_depth_share > max_tree_depth_share:
+            out.append(f"{100 * d.max_tree_depth_share:.2g}% of draws at the maximum tree depth")
+    if not d.min_ess_bulk >= min_ess_bulk:
+        out.append(f"bulk ESS {d.min_ess_bulk:.4g} < {min_ess_bulk:g}")
+    return tuple(out)

@@ -268,7 +268,7 @@ class StageStore:
         if cached is not None and os.path.exists(nc_path):
             try:
                 samples = {k[2:]: v for k, v in cached.items() if k.startswith("s_")}
-                diagnostics = infer.Diagnostics(**json.loads(str(cached["diagnostics"])))
+                diagnostics = infer.Diagnostics.from_record(json.loads(str(cached["diagnostics"])))
                 idata = az.from_netcdf(nc_path)
                 idata.posterior.load()  # read now: a truncated file fails here, not later
                 return infer.PosteriorRun(samples, idata, diagnostics), True

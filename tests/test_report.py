@@ -1,10 +1,15 @@
-"""What a fit reports: the advice for a failed posterior, the table read back from summary.json."""
+"""What a fit reports: the advice for a failed posterior, the table read back from summary.json, the
+posteriors a result records and how well they were sampled."""
 
 import json
+import math
 import os
+
+import pytest
 
 from sdsl_jax import report
 from sdsl_jax.figures import format_size
+from sdsl_jax.infer import Diagnostics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,3 +103,64 @@ def test_under_stacking_the_table_names_whose_point_fit_the_point_columns_are():
     assert ("posterior on all the data: max R-hat 1.012, min bulk ESS 350, 2 divergent, 63 leapfrog steps per draw "
             "(median), 0% at the maximum tree depth, 3 run(s); failed: R-hat 1.012 >= 1.01; 2 divergent "
             "transitions") in report.format_table(failed)
+
+
+def _checks(**changes):
+    checks = Diagnostics(max_rhat=1.004, min_ess_bulk=900.0, num_divergences=0, ok=True, problems=(),
+                         mean_steps=40.0, max_tree_depth_share=0.0, median_steps=63.0, attempts=1)
+    return checks._replace(**changes)
+
+
+def test_diagnostics_read_back_from_json_are_the_ones_written():
+    d = _checks(ok=False, problems=("R-hat 1.02 >= 1.01 (chains disagree)",), attempts=3)
+    assert Diagnostics.from_record(json.loads(json.dumps(d._asdict()))) == d
+    # A record without the step counts, NaN written as null (strict JSON): not recorded, NaN.
+    old = {k: v for k, v in d._asdict().items() if k not in ("mean_steps", "median_steps", "attempts")}
+    back = Diagnostics.from_record({**old, "max_tree_depth_share": None})
+    assert math.isnan(back.median_steps) and math.isnan(back.max_tree_depth_share) and back.attempts == 1
+    with pytest.raises(ValueError, match="missing \\['ok'\\]"):
+        Diagnostics.from_record({k: v for k, v in d._asdict().items() if k != "ok"})
+    with pytest.raises(ValueError, match="unknown fields \\['steps'\\]"):
+        Diagnostics.from_record({**d._asdict(), "steps": 3})
+
+
+def test_recorded_posteriors_are_found_at_any_depth_and_a_run_recorded_twice_counts_once():
+    fit, refit = _checks()._asdict(), _checks(median_steps=127.0, min_ess_bulk=350.0)._asdict()
+    record = dict(command="x", stacking=dict(diagnostics=dict(chinchilla=fit), forms={"chinchilla": 1.0}),
+                  diagnostics=dict(chinchilla=fit),
+                  prospective_fits={"24832": dict(diagnostics=dict(chinchilla=refit,
+                                                                   plane=fit | {"max_rhat": 1.0}))},
+                  folds=[dict(diagnostics=dict(kaplan=refit | {"attempts": 2}))])
+    found = report.recorded_posteriors(json.loads(json.dumps(record)))
+    assert [p.places for p in found] == [
+        ("stacking/diagnostics/chinchilla", "diagnostics/chinchilla"),
+        ("prospective_fits/24832/diagnostics/chinchilla",),
+        ("prospective_fits/24832/diagnostics/plane",),
+        ("folds/0/diagnostics/kaplan",),
+    ]
+    assert found[1].diagnostics == _checks(median_steps=127.0, min_ess_bulk=350.0)
+    assert report.recorded_posteriors(dict(command="x", rows=[1, 2])) == []
+    broken = dict(fits=[dict(diagnostics=dict(plane=fit | {"ok": True, "rhat": 1.0}))])
+    with pytest.raises(ValueError, match="fits/0/diagnostics/plane: .*unknown fields"):
+        report.recorded_posteriors(broken)
+
+
+@pytest.mark.parametrize("changes, shortfalls", [
+    (dict(), ()),
+    (dict(median_steps=64.0), ()),
+    (dict(median_steps=127.0), ("127 leapfrog steps per draw (median) > 64",)),
+    (dict(max_tree_depth_share=0.00025), ("0.025% of draws at the maximum tree depth",)),
+    (dict(min_ess_bulk=400.0), ()),
+    (dict(min_ess_bulk=399.5), ("bulk ESS 399.5 < 400",)),
+    (dict(min_ess_bulk=float("nan")), ("bulk ESS nan < 400",)),
+    (dict(median_steps=float("nan"), max_tree_depth_share=float("nan"), min_ess_bulk=10.0),
+     ("steps per draw not recorded", "bulk ESS 10 < 400")),
+])
+def test_geometry_shortfalls_at_the_goal_s_edges(changes, shortfalls):
+    assert report.geometry_shortfalls(_checks(**changes)) == shortfalls
+
+
+def test_geometry_goal_is_the_caller_s():
+    d = _checks(median_steps=127.0, max_tree_depth_share=0.004, min_ess_bulk=300.0)
+    loose = dict(max_median_steps=255, max_tree_depth_share=0.01, min_ess_bulk=200)
+    assert report.geometry_shortfalls(d, **loose) == ()

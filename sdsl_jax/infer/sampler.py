@@ -64,6 +64,20 @@ class Diagnostics(NamedTuple):
     median_steps: float = float("nan")
     attempts: int = 1
 
+    @classmethod
+    def from_record(cls, record) -> "Diagnostics":
+        """The diagnostics a result file records (``_asdict()`` written as JSON); fields the record
+        lacks take their defaults (NaN: not recorded). Raises ``ValueError`` naming a missing check
+        or a field that is not one of these."""
+        unknown = sorted(set(record) - set(cls._fields))
+        missing = [f for f in cls._fields if f not in cls._field_defaults and f not in record]
+        if unknown or missing:
+            raise ValueError("not a posterior's diagnostics: "
+                             + "; ".join(([f"unknown fields {unknown}"] if unknown else [])
+                                         + ([f"missing {missing}"] if missing else [])))
+        values = {k: (float("nan") if v is None else v) for k, v in record.items()}
+        return cls(**{**values, "problems": tuple(record["problems"])})
+
 
 class PosteriorRun(NamedTuple):
     """A finished NUTS run: draws per site (chains flattened), ArviZ data, diagnostics."""
