@@ -54,6 +54,7 @@ fit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench
+	$(PY) -m experiments.posteriors
 	$(PY) -m experiments.holdout --data fits/ladder-v1 --out out/holdout
 	$(PY) -m experiments.calibration --only sbc --datasets 100 --acceptance-models plane,log-plane,logit-plane --out fits/calibration
 	$(PY) -m experiments.calibration --only misspecified --datasets 200 --design fits/ladder/pretraining.csv \
