@@ -68,6 +68,8 @@ def audit(files, *, max_median_steps: float, min_ess: float) -> list[dict]:
                 record = json.load(f)
         except json.JSONDecodeError as err:
             raise DataError(path, err.lineno, None, f"is not JSON: {err.msg} (column {err.colno})") from None
+        except UnicodeDecodeError as err:
+            raise DataError(path, None, None, f"is not JSON: not UTF-8 text (byte {err.start})") from None
         try:
             posteriors = recorded_posteriors(record)
         except ValueError as err:

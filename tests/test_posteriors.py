@@ -82,3 +82,10 @@ def test_benchmarks_md_quotes_what_the_command_says_of_the_committed_results(cap
         doc = f.read()
     block = doc.split("`python -m experiments.posteriors`", 1)[1].split("```\n", 2)[1]
     assert block.splitlines() == quoted
+
+
+def test_a_file_that_is_not_text_exits_2_naming_it(tmp_path, capsys):
+    (tmp_path / "weights.json").write_bytes(b"\xff\xfe\x00\x01")
+    assert posteriors.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "weights.json: is not JSON: not UTF-8 text" in err and "Traceback" not in err

@@ -164,3 +164,9 @@ def test_geometry_goal_is_the_caller_s():
     d = _checks(median_steps=127.0, max_tree_depth_share=0.004, min_ess_bulk=300.0)
     loose = dict(max_median_steps=255, max_tree_depth_share=0.01, min_ess_bulk=200)
     assert report.geometry_shortfalls(d, **loose) == ()
+
+
+def test_a_null_count_or_verdict_is_not_read_as_nan():
+    record = _checks()._asdict() | {"min_ess_bulk": None, "ok": None}
+    back = Diagnostics.from_record(record)
+    assert math.isnan(back.min_ess_bulk) and back.ok is None

@@ -75,7 +75,9 @@ class Diagnostics(NamedTuple):
             raise ValueError("not a posterior's diagnostics: "
                              + "; ".join(([f"unknown fields {unknown}"] if unknown else [])
                                          + ([f"missing {missing}"] if missing else [])))
-        values = {k: (float("nan") if v is None else v) for k, v in record.items()}
+        # Strict JSON writes NaN as null (sdsl_jax.store.finite_or_none).
+        real = ("max_rhat", "min_ess_bulk", "mean_steps", "max_tree_depth_share", "median_steps")
+        values = {k: (float("nan") if v is None and k in real else v) for k, v in record.items()}
         return cls(**{**values, "problems": tuple(record["problems"])})
 
 
