@@ -83,6 +83,10 @@ def audit(files, *, max_median_steps: float, min_ess: float) -> list[dict]:
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def _run(args, argv) -> int:
     if args.max_median_steps < 1 or args.min_ess < 0:
         raise UsageError("--max-median-steps must be at least 1 and --min-ess at least 0")
@@ -94,8 +98,7 @@ def _run(args, argv) -> int:
         posteriors = entry["posteriors"]
         n_passed = sum(p["diagnostics"]["ok"] for p in posteriors)
         n_conditioned = sum(not p["shortfalls"] for p in posteriors)
-        plural = "s" * (len(posteriors) != 1)
-        print(f"{entry['path']}: {len(posteriors)} posterior{plural}, {n_passed} passed the checks, "
+        print(f"{entry['path']}: {_count(len(posteriors), 'posterior')}, {n_passed} passed the checks, "
               f"{n_conditioned} sampled within the goal")
         for p in posteriors:
             if p["shortfalls"]:
@@ -105,9 +108,9 @@ def _run(args, argv) -> int:
                 also = f" (and {len(p['places']) - 1} more)" if len(p["places"]) > 1 else ""
                 print(f"  {p['places'][0]}{also}: {'; '.join(p['shortfalls'])} ({checks}{runs})")
         total, passed, conditioned = total + len(posteriors), passed + n_passed, conditioned + n_conditioned
-    print(f"{total} posteriors in {len(files)} files: {passed} passed the checks, {conditioned} sampled "
-          f"within {args.max_median_steps:g} leapfrog steps per draw (median), none at the maximum tree "
-          f"depth and bulk ESS >= {args.min_ess:g}")
+    print(f"{_count(total, 'posterior')} in {_count(len(files), 'file')}: {passed} passed the checks, "
+          f"{conditioned} sampled within {args.max_median_steps:g} leapfrog steps per draw (median), none at "
+          f"the maximum tree depth and bulk ESS >= {args.min_ess:g}")
     if args.out:
         write_json(args.out, dict(**run_header("experiments.posteriors", argv), files=files,
                                   goal=dict(max_median_steps=args.max_median_steps, max_tree_depth_share=0.0,
