@@ -292,15 +292,13 @@ class RecordedPosterior(NamedTuple):
     Attributes:
       places: every place in the record that holds this run's diagnostics, each the keys down to
         them joined by ``/`` (``prospective_fits/24832/diagnostics/broken``); a closure records its
-        fit on all the data under its stacking, its own diagnostics and its last forward fit alike.
+        fit on all the data under its stacking, under its own diagnostics and, where a forward fit
+        saw every run, under that fit too.
       diagnostics: the checks (:class:`~sdsl_jax.infer.Diagnostics`).
     """
 
     places: tuple[str, ...]
     diagnostics: Diagnostics
-
-
-_CHECKS = ("max_rhat", "min_ess_bulk", "num_divergences", "ok", "problems")
 
 
 def recorded_posteriors(record) -> list[RecordedPosterior]:
@@ -309,11 +307,12 @@ def recorded_posteriors(record) -> list[RecordedPosterior]:
     found at any depth, in the record's order. Records of one run met at several places (the same
     values) are one posterior. Raises ``ValueError`` naming the place of a record that has the
     checks but cannot be read as diagnostics."""
-    found: dict[str, tuple[list[str], object]] = {}
+    checks = [f for f in Diagnostics._fields if f not in Diagnostics._field_defaults]
+    found: dict[str, tuple[list[str], Diagnostics]] = {}
 
     def walk(node, keys):
         if isinstance(node, dict):
-            if all(k in node for k in _CHECKS):
+            if all(k in node for k in checks):
                 place = "/".join(keys)
                 try:
                     diagnostics = Diagnostics.from_record(node)
@@ -338,9 +337,9 @@ def geometry_shortfalls(diagnostics: Diagnostics, *, max_median_steps: float = 6
     leapfrog steps per draw (median), more than ``max_tree_depth_share`` of its draws at NUTS's
     maximum tree depth, a bulk ESS below ``min_ess_bulk`` (the defaults: tens of steps per draw, none
     at the cap, 100 effective draws per chain of four). Empty when it meets all three; a step count
-    not recorded is a shortfall of its own. These are stricter than the checks a posterior must pass
-    to be used (:func:`sdsl_jax.infer.check_diagnostics`): they say what a run costs, not whether
-    its draws can be trusted."""
+    not recorded is a shortfall of its own. They say what a run costs, not whether its draws can be
+    trusted, which the checks a posterior must pass to be used say (:func:`sdsl_jax.infer.check_diagnostics`:
+    R-hat, divergences, at most 1% of draws at the cap): a run can meet either and not the other."""
     d = diagnostics
     out = []
     if math.isnan(d.median_steps) or math.isnan(d.max_tree_depth_share):
