@@ -50,8 +50,8 @@ def result_files(paths) -> list[str]:
     files = []
     for path in paths:
         if os.path.isdir(path):
-            files += sorted(os.path.join(d, f) for d, _, names in os.walk(path)
-                            for f in names if f.endswith(".json"))
+            files += [os.path.join(d, f) for d, _, names in os.walk(path)
+                      for f in names if f.endswith(".json")]
         elif os.path.isfile(path):
             files.append(path)
         else:
@@ -64,7 +64,7 @@ def audit(files, *, max_median_steps: float, min_ess: float) -> list[dict]:
     out = []
     for path in files:
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 record = json.load(f)
         except json.JSONDecodeError as err:
             raise DataError(path, err.lineno, None, f"is not JSON: {err.msg} (column {err.colno})") from None
