@@ -68,7 +68,7 @@ class SolveStatus(enum.IntEnum):
     NO_ADMISSIBLE_DRAFT = 1  # alpha outside (0, 1) for every N searched
     NO_SPEEDUP = 2  # no draft size gives more tokens per FLOP than the target alone
     AT_LOWER_BOUND = 3  # throughput still rises as N decreases to n_min
-    NOT_CONVERGED = 4  # Newton/bisection did not reach tol within max_steps
+    NOT_CONVERGED = 4  # Newton/bisection did not reach tol within max_steps, or ended below a grid point
     ACCEPTANCE_SATURATES = 5  # alpha >= 1 somewhere in [n_min, M]: T has no maximum there
     INVALID_INPUT = 6  # a size, token count or coefficient outside the model (traced inputs only)
 
@@ -85,7 +85,8 @@ _STATUS_MESSAGES = {
     SolveStatus.NO_SPEEDUP: "no speed-up: no draft size beats the target decoding alone",
     SolveStatus.AT_LOWER_BOUND: "at the lower bound: throughput still rises as N falls to n_min (lower n_min, or "
                                 "the law extrapolates below its data)",
-    SolveStatus.NOT_CONVERGED: "not converged: Newton/bisection did not reach tol within max_steps",
+    SolveStatus.NOT_CONVERGED: "not converged: Newton/bisection did not reach tol within max_steps, or ended "
+                               "below a point of the grid (two maxima closer than its spacing)",
     SolveStatus.ACCEPTANCE_SATURATES: "acceptance saturates: the acceptance model gives alpha >= 1 inside the search "
                                       "interval, where T grows without bound; the model is extrapolated past its data",
     SolveStatus.INVALID_INPUT: "invalid input: a size or token count <= 0, or a non-finite input (reported as a "
@@ -268,12 +269,17 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         # a gain; where it showed none, a flat point is the answer: drafting does not pay.
         finite = jnp.isfinite(log_t) & jnp.isfinite(gu)
         flat = finite & (gu == 0) & (dgu == 0)
-        go_right = jnp.where(finite & ~flat, gu > 0, u < u0)
+        # Where the start (the vertex of the grid's parabola) is lower than the grid maximum, the
+        # grid maximum's side of it holds a maximum at least as high, whether T has one maximum or
+        # two within the grid's spacing (a sharp break in the loss law), where the slope at the
+        # vertex points to the lower one: the bracket ends at the vertex, whatever its slope.
+        below_start = (step == 0) & ~done & interior & ~(log_t + log_target_cost >= best_gain - _FLAT)
+        go_right = jnp.where(finite & ~flat & ~below_start, gu > 0, u < u0)
         lo, hi = jnp.where(go_right, u, lo), jnp.where(go_right, hi, u)
         newton = u - gu / dgu
         # Inclusive bounds: at convergence u is itself a bracket end and the step rounds to 0.
         use_newton = finite & (dgu < 0) & (newton >= lo) & (newton <= hi)
-        stop_flat = flat & (best_gain <= 0)
+        stop_flat = flat & (best_gain <= 0) & ~below_start
         u_next = jnp.where(stop_flat, u, jnp.where(use_newton, newton, 0.5 * (lo + hi)))
         scale = 1.0 + jnp.abs(u)
         newton_converged = use_newton & (jnp.abs(u_next - u) <= tol * scale)
@@ -317,10 +323,12 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     u, _, _, done, steps, at, _ = jax.lax.while_loop(
         cond, body, (start, lo, hi, decided, jnp.asarray(0, jnp.int32), _AtDraftSize(nan, nan, nan), jnp.asarray(False)))
     at_lower = (u0 == log_n_min) & (u - log_n_min <= 1e-3 * h)
+    # An answer below a point the grid evaluated is not the maximum, whatever the loop converged to.
+    below_grid = jnp.log(at.throughput) + log_target_cost < best_gain - _FLAT
     # The checks at u itself (alpha < 1 there, T finite there, a speed-up there) are made by
     # _solve_flat (_final_status), on the model at u that the loop's last iteration gave.
     status = jnp.select(
-        [invalid, saturates, no_admissible, at_lower, ~done],
+        [invalid, saturates, no_admissible, at_lower, ~done | below_grid],
         [SolveStatus.INVALID_INPUT, SolveStatus.ACCEPTANCE_SATURATES, SolveStatus.NO_ADMISSIBLE_DRAFT,
          SolveStatus.AT_LOWER_BOUND, SolveStatus.NOT_CONVERGED],
         SolveStatus.SUCCESS,
