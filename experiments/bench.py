@@ -14,6 +14,9 @@ Sections:
               recipe and cost (coefficients fitted to the shipped ladder, the one-break law's to the
               first, jittered per target): statuses, faults (a solve below the best T, a gain
               missed), time of both.
+  draws       N* on the one-break law's posterior draws (first ladder) against a brute-force grid of T, for
+              each acceptance model, drafts at 20 and 40 tokens per parameter and at a fixed compute, three
+              targets: statuses and faults as in forms.
   fit         the loss-law fit from the Epoch replication's 4,500 starts (multi-start optax L-BFGS)
               against scipy.optimize.minimize (L-BFGS-B, analytic gradient) looped over a random
               subset of the same starts: time per start and both optima.
@@ -68,13 +71,14 @@ from experiments.benchmarks.decoding_loop import bench_decoding
 from experiments.benchmarks.inference import (bench_acceptance_warmup, bench_break_acceptance, bench_break_prior, bench_calibration,
                                               bench_effect_sides, bench_effects_target_accept, bench_loss_law_fit,
                                               bench_nuts_geometry, bench_nuts_reuse, bench_rerun_policy)
-from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_forms, bench_lambertw,
-                                             machine_description)
+from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_draws, bench_draft_size_forms,
+                                             bench_lambertw, machine_description)
 from experiments.benchmarks.scaling import SCALING_PARTS, bench_scaling
 from experiments.runlog import command_line, run_command, write_json
 
 
 SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms": bench_draft_size_forms,
+            "draws": bench_draft_size_draws,
             "fit": bench_loss_law_fit,
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
             "effects": bench_effect_sides, "accept": bench_effects_target_accept, "warmup": bench_acceptance_warmup,
@@ -140,6 +144,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_draft_size(args.targets, args.repeats)
         elif name == "forms":
             results += bench_draft_size_forms(args.form_targets, args.repeats)
+        elif name == "draws":
+            results += bench_draft_size_draws()
         elif name == "fit":
             results += bench_loss_law_fit(args.scipy_starts, args.repeats)
         elif name == "decoding":

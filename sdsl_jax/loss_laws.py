@@ -392,6 +392,11 @@ class BrokenPowerLaw(NamedTuple):
         theta = jnp.stack(jnp.broadcast_arrays(*_broken_theta_fields(BrokenPowerLaw(*fields))))
         return jnp.where(ok, jnp.exp(_broken_log_loss(theta, jnp.log(n), jnp.log(d))), jnp.nan)
 
+    def log_tokens_at_break(self) -> jax.Array:
+        """``ln D_break``. :func:`~sdsl_jax.optimum.solve_draft_size` also searches each side of the
+        draft size a recipe trains on it: T can peak on both sides of a break."""
+        return jnp.log(jnp.asarray(self.D_break))
+
 
 _BROKEN_NAMES = ("a", "b", "e", "alpha", "beta", "log_d_break", "c", "log_f")
 

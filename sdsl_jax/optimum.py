@@ -45,7 +45,7 @@ from sdsl_jax.costs import SDSL_FLOPS, best_lookahead, target_alone_cost
 from sdsl_jax.loss_laws import HOFFMANN2022
 from sdsl_jax.objective import draft_acceptance
 from sdsl_jax.protocols import AcceptanceRateModel, DraftRecipe, IterationCostModel, LossLawModel
-from sdsl_jax.recipes import as_recipe
+from sdsl_jax.recipes import FixedTokens, as_recipe
 
 __all__ = [
     "SolveStatus",
@@ -186,12 +186,12 @@ _TAYLOR_CHANGE = 1e-6  # relative change of an output up to which the model at N
 # between neighbouring draft sizes)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
-def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
-    """Scalar solve; returns (u*, status, steps, the model at u*), u* differentiable by the implicit
-    function theorem."""
-    log_m = jnp.log(p.m)
-    spacing = (log_m - log_n_min) / (num_grid - 1)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
+def _located_optimum(p: _Problem, log_n_min: jax.Array, log_n_max: jax.Array, num_grid: int, max_steps: int,
+                     tol: float):
+    """Scalar solve on ``[log_n_min, log_n_max]``; returns (u*, status, steps, the model at u*), u*
+    differentiable by the implicit function theorem."""
+    spacing = (log_n_max - log_n_min) / (num_grid - 1)
     leaves = jax.tree.leaves(p)
     invalid = ~(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
                 & (p.m > 0) & (p.d_target > 0)
@@ -215,8 +215,8 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         # spacing (1/2, 1/4, 3/4, 1/8, ...), so every 2^k sets form a grid 2^k times finer. One
         # loop body: the model (its Lambert W included) is compiled once for all sets.
         sets, best_u, best_gain, first_k, neighbours, saturates, any_admissible, several_maxima = state
-        points = jnp.minimum(log_n_min + (index + offsets[sets]) * spacing, log_m)
-        points = jnp.where((sets == 0) & (index == num_grid - 1.0), log_m, points)
+        points = jnp.minimum(log_n_min + (index + offsets[sets]) * spacing, log_n_max)
+        points = jnp.where((sets == 0) & (index == num_grid - 1.0), log_n_max, points)
         f, at = jax.vmap(_log_throughput_and_model, (0, None))(points, p)
         alpha = at.alpha
         admissible = jnp.isfinite(f)
@@ -311,7 +311,7 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
     # neighbours (where no refinement ran and all three are admissible): on a coarse grid that saves
     # a step for the slowest lanes, and a vmapped loop runs as many steps as its slowest lane.
     h = spacing / jnp.asarray(_FINER, spacing.dtype)[sets]
-    lo, hi = jnp.maximum(u0 - h, log_n_min), jnp.minimum(u0 + h, log_m)
+    lo, hi = jnp.maximum(u0 - h, log_n_min), jnp.minimum(u0 + h, log_n_max)
     f_k = best_gain
     curvature = f_lo - 2.0 * f_k + f_hi
     interior = ((sets == 1) & (k > 0) & (k < num_grid - 1) & jnp.isfinite(f_lo) & jnp.isfinite(f_hi)
@@ -334,6 +334,53 @@ def _located_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps
         SolveStatus.SUCCESS,
     ).astype(jnp.int32)
     return u, status, steps, at
+
+
+def _split_at_break(p: _Problem, log_n_min: jax.Array, log_n_max: jax.Array) -> jax.Array:
+    """``log N`` of the draft the recipe trains on the law's break in D (``log_tokens_at_break``),
+    NaN where the law has none or the recipe's D never reaches it inside the interval (a fixed D).
+
+    Between the interval's ends ``log D`` is interpolated linearly in ``log N``: exact for D fixed,
+    D = rho N and D = C / (6 N); for another recipe a point near the break, which serves as well.
+    """
+    log_d_break = p.loss.log_tokens_at_break()
+    log_d_lo, log_d_hi = (jnp.log(p.recipe.draft_tokens(jnp.exp(u))) for u in (log_n_min, log_n_max))
+    fraction = (log_d_break - log_d_lo) / (log_d_hi - log_d_lo)
+    # Not within a thousandth of the interval of an end: a sliver has nothing to search.
+    inside = jnp.isfinite(fraction) & (fraction > 1e-3) & (fraction < 1.0 - 1e-3)
+    return jnp.where(inside, log_n_min + fraction * (log_n_max - log_n_min), jnp.nan)
+
+
+def _searched_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_steps: int, tol: float):
+    """:func:`_located_optimum` on ``[n_min, M]``; for a law with a break in D under a recipe that
+    ties D to N, also on each side of the draft size trained on the break, keeping the highest T.
+
+    The break can put a valley in T with a peak on each side (a steeper data term after the break
+    under tokens per parameter), and the higher peak can lie between two points of the grid, which
+    then shows one maximum: on the one-break law's posterior on the first ladder at 40 tokens per
+    parameter, the search on ``[n_min, M]`` alone ended on the lower peak for up to a fifth of the
+    draws. An answer of a side within ``1e-6`` of the split is that side's end, not a maximum.
+    """
+    log_m = jnp.log(p.m)
+    if not hasattr(p.loss, "log_tokens_at_break") or isinstance(p.recipe, FixedTokens):
+        return _located_optimum(p, log_n_min, log_m, num_grid, max_steps, tol)
+    split = _split_at_break(p, log_n_min, log_m)
+    has_split = jnp.isfinite(split)
+    mid = jnp.where(has_split, split, log_m)
+    lows = jnp.stack([log_n_min, log_n_min, jnp.where(has_split, split, log_n_min)])
+    highs = jnp.stack([log_m, mid, log_m])
+    u, status, steps, at = jax.vmap(_located_optimum, (None, 0, 0, None, None, None))(
+        p, lows, highs, num_grid, max_steps, tol)
+    edge = 1e-6 * (1.0 + jnp.abs(mid))
+    inside_side = jnp.stack([jnp.asarray(True), u[1] < mid - edge, u[2] > mid + edge])
+    # The whole interval's answer stands where T still rises towards n_min, as where it is a maximum.
+    ended = (status == SolveStatus.SUCCESS) | ((status == SolveStatus.AT_LOWER_BOUND) & (jnp.arange(3) == 0))
+    ok = ended & inside_side & jnp.isfinite(at.throughput) & (at.alpha < 1)
+    # Invalid input and acceptance reaching 1 are the whole interval's to say.
+    whole_failed = (status[0] == SolveStatus.INVALID_INPUT) | (status[0] == SolveStatus.ACCEPTANCE_SATURATES)
+    best = jnp.argmax(jnp.where(ok, jnp.log(at.throughput), -jnp.inf))
+    pick = jnp.where(whole_failed | ~jnp.any(ok) | ~has_split, 0, best)
+    return jax.tree.map(lambda x: x[pick], (u, status, steps, at))
 
 
 def _final_status(status: jax.Array, alpha: jax.Array, gamma: jax.Array, throughput: jax.Array,
@@ -360,9 +407,9 @@ def _located_optimum_jvp(num_grid, max_steps, tol, primals, tangents):
     ``du* = -(dg/dp . dp) / (dg/du)``. The iterations are never differentiated, and this rule is
     traced only when N* is differentiated (``jax.lax.custom_root`` traces its derivative on every
     call, differentiated or not)."""
-    p, log_n_min = primals
-    dp, _ = tangents  # N* does not move with n_min where it is an interior maximum
-    u, status, steps, at = _located_optimum(p, log_n_min, num_grid, max_steps, tol)
+    p, log_n_min, log_n_max = primals
+    dp, _, _ = tangents  # N* does not move with the interval's ends where it is an interior maximum
+    u, status, steps, at = _located_optimum(p, log_n_min, log_n_max, num_grid, max_steps, tol)
     g_p_dp = jax.jvp(lambda q: _stationarity(u, q), (p,), (dp,))[1]
     du = -g_p_dp / _stationarity_slope(u, p)
     # The model at u* moves with p directly and through u*.
@@ -419,6 +466,8 @@ def solve_draft_size(
         no speed-up or more than one maximum). The region where drafting pays, if any, must
         contain a point of the refined grid, and where T has several maxima the highest is found
         only if the refined grid ranks them right (a peak narrower than its spacing can be missed).
+        A law with a break in D (``log_tokens_at_break``) under a recipe that ties D to N is also
+        searched on each side of the draft trained on the break, at three to four times the cost.
       max_steps: cap on Newton/bisection steps.
       tol: stop when a Newton step in ``log N`` is below ``tol * (1 + |log N|)``; the error
         after that step is of order its square (default: the square root of the dtype's eps).
@@ -478,7 +527,7 @@ def _over_broadcast_leaves(solve_flat, tree):
 
 def _solve_flat(problems: _Problem, log_n_min, *, num_grid: int, max_steps: int, tol: float) -> DraftSizeSolution:
     # The search returns the model at the point found, for the last checks and for the outputs.
-    u, status, steps, found = jax.vmap(_located_optimum, (0, None, None, None, None))(
+    u, status, steps, found = jax.vmap(_searched_optimum, (0, None, None, None, None))(
         problems, log_n_min, num_grid, max_steps, tol
     )
     n_found = jnp.exp(u)

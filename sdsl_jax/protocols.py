@@ -7,7 +7,8 @@ protocols state the method each link needs; they are ``runtime_checkable``, so
 ``isinstance(x, LossLawModel)`` checks that a value has it (not its signature or its maths).
 
 * :class:`LossLawModel` -- ``loss(n_params, n_tokens)``: pre-training loss in nats
-  (:mod:`sdsl_jax.loss_laws`).
+  (:mod:`sdsl_jax.loss_laws`); ``log_tokens_at_break()``, when present, gives ln D where the data
+  term bends sharply, and the N* solve also searches each side of the draft trained on it.
 * :class:`AcceptanceRateModel` -- ``rate(ppl_draft, ppl_target)``: acceptance alpha
   (:mod:`sdsl_jax.acceptance`).
 * :class:`IterationCostModel` -- ``draft_step(n)`` and ``verification(m, k)``: the cost of one

@@ -5,7 +5,7 @@ import pytest
 import scipy.special
 
 from experiments.benchmarks.inference import reached_share
-from experiments.benchmarks.numerics import interleaved_medians, lambertw_points
+from experiments.benchmarks.numerics import interleaved_medians, lambertw_points, solve_faults
 
 
 def test_lambert_w_points_lie_inside_the_real_domain_of_both_branches():
@@ -23,6 +23,21 @@ def test_timed_sides_are_called_in_turn_and_reported_by_their_medians(monkeypatc
     wall, cpu = interleaved_medians([lambda: calls.append("a"), lambda: calls.append("b")], 3)
     assert calls == ["a", "b"] * 3  # never one side's repeats in a row
     assert wall == [1.0, 1.0] and cpu == [0.0, 0.0]
+
+
+def test_a_solve_is_a_fault_when_below_the_brute_force_best_or_giving_up_on_a_gain():
+    from sdsl_jax import SolveStatus
+
+    ok, no_gain, no_draft = SolveStatus.SUCCESS, SolveStatus.NO_SPEEDUP, SolveStatus.NO_ADMISSIBLE_DRAFT
+    lost = SolveStatus.NOT_CONVERGED
+    status = np.array([ok, ok, ok, no_gain, no_gain, no_draft, lost, SolveStatus.ACCEPTANCE_SATURATES])
+    found = np.array([2.0, 2.0 * (1 - 5e-10), 1.9, np.nan, np.nan, np.nan, np.nan, np.nan])
+    best = np.array([2.0, 2.0, 2.0, 1.0 * (1 + 5e-10), 1.5, 1.5, 1.5, 1.5])
+    saturates = np.array([False] * 6 + [True, True])
+    below, missed = solve_faults(status, found, best, 1.0, saturates)
+    assert below.tolist() == [False, False, True, False, False, False, False, False]
+    # A gain within rounding of the target alone is none; where acceptance reaches 1 there is no maximum.
+    assert missed.tolist() == [False, False, False, False, True, True, False, False]
 
 
 def test_the_share_of_starts_reaching_the_optimum_counts_only_those_within_the_tolerance():

@@ -323,6 +323,40 @@ def test_no_success_is_below_a_point_of_the_grid():
     assert np.all(np.asarray(sol.throughput)[ok] >= on_grid[ok] * (1 - 1e-12))
 
 
+def test_the_peak_past_a_break_between_grid_points_is_found():
+    # Draws of the one-break law's posterior on the first ladder (fits/ladder-v1, seed 0) and the
+    # log-plane fitted there, drafts at 40 tokens per parameter, M = 2.6e5: T peaks at N ~ 9e3 and
+    # again, 0.6-3.5% higher, at 4.2-4.8e4, past the break at D_break / 40 ~ 2.5-3.4e4, between
+    # the grid's points 2.7e4 and 8.4e4, so the grid shows one maximum, on the lower peak.
+    # Oracle: T on 400,001 points.
+    draws = [(1.2410691714142332, 0.02713957040956319, 0.019610104271098886, 6.660403246680019,
+              0.13077574236394568, 1082512.4247378833, 0.9102723301602667, 0.17839057183589993),
+             (1.1913985366698898, 0.08397363524536522, 0.24098734605606514, 13.742867975943053,
+              0.1848364434449428, 1101098.533733213, 0.6782539298023934, 0.11812552140105854),
+             (1.3875216634234355, 0.007707234187353463, 0.009681316302205667, 7.847387385245973,
+              0.1513437111971095, 1353710.4093065509, 1.7033833408995995, 0.2716785786420179)]
+    law = BrokenPowerLaw(*np.array(draws).T)
+    plane = LogPerplexityPlane(A=-0.36254971343091724, B=0.31309693241411435, C=0.9225053879107762)
+    m, kw = 2.6e5, dict(d_target=5.2e6, recipe=TokensPerParameter(40.0), loss=law, plane=plane)
+    on_grid = np.asarray(draft_throughput(np.exp(np.linspace(0.0, np.log(m), 12))[:, None], m, **kw))
+    assert np.all(np.nanargmax(on_grid, axis=0) == 8)  # 8.7e3, on the lower peak
+    dense = np.geomspace(10.0, m, 400_001)[:, None]
+    t_dense = np.asarray(draft_throughput(dense, m, **kw))
+    best = dense[np.nanargmax(t_dense, axis=0), 0]
+    assert np.all((best > 4e4) & (best < 5e4))
+    sol = solve_draft_size(m, n_min=1.0, **kw)
+    assert np.all(np.asarray(sol.status) == SolveStatus.SUCCESS)
+    assert np.all(np.asarray(sol.throughput) >= np.nanmax(t_dense, axis=0) * (1 - 1e-12))
+    np.testing.assert_allclose(sol.n_star, best, rtol=1e-4)
+    # The derivative is the implicit function theorem's at the peak found: finite differences in c.
+    grad = jax.grad(lambda c: jnp.log(solve_draft_size(m, n_min=1.0, **dict(kw, loss=law._replace(
+        c=jnp.asarray(law.c).at[0].set(c)))).n_star[0]))(float(law.c[0]))
+    step = 1e-6
+    moved = [float(jnp.log(solve_draft_size(m, n_min=1.0, **dict(kw, loss=law._replace(
+        c=np.asarray(law.c) + np.array([s, 0.0, 0.0])))).n_star[0])) for s in (step, -step)]
+    np.testing.assert_allclose(grad, (moved[0] - moved[1]) / (2 * step), rtol=1e-5)
+
+
 @pytest.mark.parametrize("c", [1.0, 1.5, 2.0])
 def test_acceptance_reaching_one_inside_the_interval_is_not_a_success(c):
     # alpha(N = M) = (A + B) x + C >= 1 here: T grows without bound towards alpha = 1, so there is

@@ -196,6 +196,53 @@ def forms_pretraining(family: str) -> str:
     return "fits/ladder-v1/pretraining.csv" if family == "broken" else "fits/ladder/pretraining.csv"
 
 
+def solve_faults(status, found, best, alone, saturates):
+    """Which solves are wrong against brute force: a SUCCESS more than 1e-9 below the best T
+    (``below``), a failure status where the brute force finds a gain with acceptance below 1
+    (``missed``)."""
+    below = (status == SolveStatus.SUCCESS) & (found < best * (1 - 1e-9))
+    gave_up = [SolveStatus.NO_ADMISSIBLE_DRAFT, SolveStatus.NO_SPEEDUP, SolveStatus.NOT_CONVERGED]
+    missed = np.isin(status, gave_up) & (best > alone * (1 + 1e-9)) & ~saturates
+    return below, missed
+
+
+class FaultTally:
+    """Statuses and faults of N* solves against T on a brute-force grid, batch by batch."""
+
+    def __init__(self):
+        self.statuses, self.faults, self.worst, self.rows = np.zeros(len(SolveStatus), int), 0, 0.0, []
+
+    def add(self, label: str, sol, m, grid, kw: dict) -> None:
+        """One batch: ``sol`` solved at targets ``m`` with ``kw``, ``grid`` its draft sizes (rows)."""
+        from sdsl_jax import SDSL_FLOPS, draft_acceptance, draft_throughput, target_alone_throughput
+
+        t = np.asarray(draft_throughput(grid, m, **kw))
+        best = np.max(np.where(np.isfinite(t), t, -np.inf), axis=0)
+        alone = np.asarray(target_alone_throughput(kw.get("cost", SDSL_FLOPS), m))
+        alpha = draft_acceptance(grid, m, d_target=kw["d_target"], recipe=kw["recipe"], loss=kw["loss"],
+                                 plane=kw["plane"])
+        saturates = np.any(np.asarray(alpha) >= 1, axis=0)
+        status, found = np.asarray(sol.status), np.asarray(sol.throughput)
+        below, missed = solve_faults(status, found, best, alone, saturates)
+        self.statuses += np.bincount(status.reshape(-1), minlength=len(SolveStatus))
+        self.faults += int(below.sum() + missed.sum())
+        if below.any():
+            self.worst = max(self.worst, float(np.max(1 - found[below] / best[below])))
+        if below.any() or missed.any():
+            self.rows.append(f"{label}: {int(below.sum())} below the best, {int(missed.sum())} gains missed")
+
+    def summary(self) -> str:
+        total = int(self.statuses.sum())
+        named = ", ".join(f"{SolveStatus(k).name} {n}" for k, n in enumerate(self.statuses) if n)
+        return (f"{total}: statuses {named}; faults {self.faults} ({self.faults / total:.2%}), "
+                f"largest shortfall in T {self.worst:.1%}")
+
+    def record(self) -> dict:
+        return dict(n=int(self.statuses.sum()), statuses={SolveStatus(k).name: int(n)
+                                                          for k, n in enumerate(self.statuses)},
+                    faults=self.faults, largest_shortfall=self.worst, fault_rows=self.rows)
+
+
 def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_points: int = 4001) -> list[dict]:
     """N* against brute force for every (loss-law family, acceptance model, draft recipe, cost).
 
@@ -209,8 +256,8 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
     ``repeats`` warm calls per combination, summed.
     """
     from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, AllPositionsFlops, FixedCompute, FixedTokens,
-                          LatencyCost, TokensPerParameter, draft_acceptance, draft_throughput, fit_acceptance_plane,
-                          fit_loss_law, load_acceptance, load_pretraining, target_alone_throughput)
+                          LatencyCost, TokensPerParameter, draft_throughput, fit_acceptance_plane,
+                          fit_loss_law, load_acceptance, load_pretraining)
 
     pairs = load_acceptance("fits/ladder/acceptance.csv")
 
@@ -229,7 +276,7 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
              "latency": LatencyCost(draft_fixed=1e-4, draft_per_param=2e-10, verify_fixed=2e-4, verify_per_param=2e-10,
                                     verify_per_token=3e-12)}
     rng = np.random.default_rng(seed)
-    statuses, faults, worst, t_solve, t_brute, rows = np.zeros(len(SolveStatus), int), 0, 0.0, 0.0, 0.0, []
+    tally, t_solve, t_brute = FaultTally(), 0.0, 0.0
     for (law_name, law), (plane_name, plane), (recipe_name, recipe), (cost_name, cost) in itertools.product(
             laws.items(), planes.items(), recipes.items(), costs.items()):
         loss = law._replace(**{f: np.asarray(v) * np.exp(rng.normal(0.0, 0.2, targets)) for f, v in law._asdict().items()})
@@ -238,32 +285,56 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
         kw = dict(d_target=1e7, recipe=recipe, loss=loss, plane=acc, cost=cost)
         grid = np.exp(np.linspace(0.0, 1.0, brute_points)[:, None] * np.log(m)[None, :])
         sol = solve_draft_size(m, n_min=1.0, **kw)
-        t = np.asarray(draft_throughput(grid, m, **kw))
         t_solve += median_time(lambda: solve_draft_size(m, n_min=1.0, **kw).n_star.block_until_ready(), repeats)
         t_brute += median_time(lambda: draft_throughput(grid, m, **kw).block_until_ready(), repeats)
-        best = np.max(np.where(np.isfinite(t), t, -np.inf), axis=0)
-        alone = np.asarray(target_alone_throughput(cost, m))
-        saturates = np.any(np.asarray(draft_acceptance(grid, m, d_target=1e7, recipe=recipe, loss=loss, plane=acc)) >= 1,
-                           axis=0)
-        status, found = np.asarray(sol.status), np.asarray(sol.throughput)
-        below = (status == SolveStatus.SUCCESS) & (found < best * (1 - 1e-9))
-        gave_up = [SolveStatus.NO_ADMISSIBLE_DRAFT, SolveStatus.NO_SPEEDUP, SolveStatus.NOT_CONVERGED]
-        missed = np.isin(status, gave_up) & (best > alone * (1 + 1e-9)) & ~saturates
-        statuses += np.bincount(status, minlength=len(SolveStatus))
-        faults += int(below.sum() + missed.sum())
-        if below.any():
-            worst = max(worst, float(np.max(1 - found[below] / best[below])))
-        if below.any() or missed.any():
-            rows.append(f"{law_name}, {plane_name}, {recipe_name}, {cost_name}: {int(below.sum())} below the best, "
-                        f"{int(missed.sum())} gains missed")
-    total = int(statuses.sum())
+        tally.add(f"{law_name}, {plane_name}, {recipe_name}, {cost_name}", sol, m, grid, kw)
     print(f"N* against brute force ({brute_points} points per target), {len(laws)} laws x {len(planes)} acceptance models"
-          f" x {len(recipes)} recipes x {len(costs)} costs x {targets} targets = {total}: statuses "
-          + ", ".join(f"{SolveStatus(k).name} {n}" for k, n in enumerate(statuses) if n)
-          + f"; faults {faults} ({faults / total:.2%}), largest shortfall in T {worst:.1%}; "
+          f" x {len(recipes)} recipes x {len(costs)} costs x {targets} targets = {tally.summary()}; "
           f"time: solver {t_solve:.2f} s, brute force {t_brute:.2f} s ({t_brute / t_solve:.1f}x)", flush=True)
-    for row in rows:
+    for row in tally.rows:
         print("  " + row, flush=True)
-    return [dict(name="draft_size_forms", n=total, jax_s=t_solve, baseline_s=t_brute, speedup=t_brute / t_solve,
-                 statuses={SolveStatus(k).name: int(n) for k, n in enumerate(statuses)}, faults=faults,
-                 largest_shortfall=worst, fault_rows=rows, seed=seed)]
+    return [dict(name="draft_size_forms", jax_s=t_solve, baseline_s=t_brute, speedup=t_brute / t_solve,
+                 **tally.record(), seed=seed)]
+
+
+def bench_draft_size_draws(*, seed: int = 0, brute_points: int = 4001) -> list[dict]:
+    """N* on a posterior's draws against brute force: the one-break law on the first ladder
+    (``fits/ladder-v1``, NUTS 4 x 500 draws from ``seed``), each acceptance model fitted to that
+    ladder's pairs, drafts at 20 and 40 tokens per parameter and at a fixed compute (1e13 FLOPs),
+    targets of 4.6e4, 2.6e5 and 1.2e6 parameters trained on 20 tokens per parameter, SDSL FLOPs.
+    A draw's break in D sits among the ladder's drafts, where :func:`bench_draft_size_forms`'s
+    jittered point fit (a break 0.001 wide) says little about the breaks N* meets in a closure.
+    Faults as there (:func:`solve_faults`); times: one warm call per combination, summed.
+    """
+    from sdsl_jax import (ACCEPTANCE_MODELS, BROKEN_POWER_LAW, SDSL_FLOPS, FixedCompute, TokensPerParameter,
+                          fit_acceptance_plane, load_acceptance, load_pretraining)
+    from sdsl_jax.infer import sample_loss_law
+
+    runs = load_pretraining(forms_pretraining("broken"))
+    posterior = sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=BROKEN_POWER_LAW, seed=seed,
+                                progress_bar=False)
+    law = BROKEN_POWER_LAW.from_theta(np.stack([np.asarray(posterior.samples[k]).reshape(-1)
+                                                for k in BROKEN_POWER_LAW.theta_names], axis=-1))
+    pairs = load_acceptance("fits/ladder-v1/acceptance.csv")
+    planes = {m.name: fit_acceptance_plane(pairs.ppl_draft, pairs.ppl_target, pairs.alpha,
+                                           weights=pairs.regression_weights(), model=m).plane
+              for m in ACCEPTANCE_MODELS.values()}
+    recipes = {"20 tokens/param": TokensPerParameter(20.0), "40 tokens/param": TokensPerParameter(40.0),
+               "fixed compute": FixedCompute(1e13)}
+    tally, t_solve = FaultTally(), 0.0
+    for (plane_name, plane), (recipe_name, recipe), m in itertools.product(
+            planes.items(), recipes.items(), (4.6e4, 2.6e5, 1.2e6)):
+        kw = dict(d_target=20.0 * m, recipe=recipe, loss=law, plane=plane, cost=SDSL_FLOPS)
+        solve_draft_size(m, n_min=1.0, **kw).n_star.block_until_ready()
+        start = time.perf_counter()
+        sol = solve_draft_size(m, n_min=1.0, **kw)
+        sol.n_star.block_until_ready()
+        t_solve += time.perf_counter() - start
+        grid = np.exp(np.linspace(0.0, 1.0, brute_points) * np.log(m))[:, None]
+        tally.add(f"{plane_name}, {recipe_name}, M {m:.2g}", sol, m, grid, kw)
+    print(f"N* on {law.c.size} posterior draws of the one-break law (first ladder) against brute force "
+          f"({brute_points} points), {len(planes)} acceptance models x {len(recipes)} recipes x 3 targets = "
+          f"{tally.summary()}; solver {t_solve:.2f} s", flush=True)
+    for row in tally.rows:
+        print("  " + row, flush=True)
+    return [dict(name="draft_size_draws", jax_s=t_solve, **tally.record(), seed=seed)]
