@@ -308,7 +308,7 @@ def test_no_success_is_below_a_point_of_the_grid():
     # targets log-uniform in [3e4, 1e8]: wherever T has two peaks, the answer may miss a peak the
     # grid does not see (a documented limit of the grid), never be lower than a point it evaluated.
     # Oracle: T on the solver's own 12-point grid, evaluated apart.
-    m0, kw = law_with_a_valley_beside_the_grid_maximum()
+    _, kw = law_with_a_valley_beside_the_grid_maximum()
     rng = np.random.default_rng(0)
     size = 400
     jitter = {f: v * np.exp(rng.normal(0.0, 0.2, size)) for f, v in kw["loss"]._asdict().items()}
@@ -326,7 +326,7 @@ def test_no_success_is_below_a_point_of_the_grid():
 def test_the_peak_past_a_break_between_grid_points_is_found():
     # Draws of the one-break law's posterior on the first ladder (fits/ladder-v1, seed 0) and the
     # log-plane fitted there, drafts at 40 tokens per parameter, M = 2.6e5: T peaks at N ~ 9e3 and
-    # again, 0.6-3.5% higher, at 4.2-4.8e4, past the break at D_break / 40 ~ 2.5-3.4e4, between
+    # again, 0.6-3.5% higher, at 4.3-4.8e4, past the break at D_break / 40 ~ 2.7-3.4e4, between
     # the grid's points 2.7e4 and 8.4e4, so the grid shows one maximum, on the lower peak.
     # Oracle: T on 400,001 points.
     draws = [(1.2410691714142332, 0.02713957040956319, 0.019610104271098886, 6.660403246680019,
