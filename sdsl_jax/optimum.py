@@ -357,9 +357,9 @@ def _searched_optimum(p: _Problem, log_n_min: jax.Array, num_grid: int, max_step
 
     The break can put a valley in T with a peak on each side (a steeper data term after the break
     under tokens per parameter), and the higher peak can lie between two points of the grid, which
-    then shows one maximum: on the one-break law's posterior on the first ladder at 40 tokens per
-    parameter, the search on ``[n_min, M]`` alone ended on the lower peak for up to a fifth of the
-    draws. An answer of a side within ``1e-6`` of the split is that side's end, not a maximum.
+    then shows one maximum, on the lower peak (measured on the one-break law's posterior draws:
+    ``docs/benchmarks.md``, ``bench --only draws``). An answer of a side within ``1e-6`` of the split
+    is that side's end, not a maximum.
     """
     log_m = jnp.log(p.m)
     if not hasattr(p.loss, "log_tokens_at_break") or isinstance(p.recipe, FixedTokens):

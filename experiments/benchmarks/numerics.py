@@ -17,7 +17,8 @@ import scipy
 import scipy.special
 
 from experiments import numpy_reference
-from sdsl_jax import HOFFMANN2022, SDSL2026, SolveStatus, lambertw, solve_draft_size
+from sdsl_jax import (HOFFMANN2022, SDSL2026, SDSL_FLOPS, SolveStatus, draft_acceptance, draft_throughput,
+                      lambertw, solve_draft_size, target_alone_throughput)
 from sdsl_jax.runtime import WIDE_CPU_VECTORS
 
 
@@ -214,8 +215,6 @@ class FaultTally:
 
     def add(self, label: str, sol, m, grid, kw: dict) -> None:
         """One batch: ``sol`` solved at targets ``m`` with ``kw``, ``grid`` its draft sizes (rows)."""
-        from sdsl_jax import SDSL_FLOPS, draft_acceptance, draft_throughput, target_alone_throughput
-
         t = np.asarray(draft_throughput(grid, m, **kw))
         best = np.max(np.where(np.isfinite(t), t, -np.inf), axis=0)
         alone = np.asarray(target_alone_throughput(kw.get("cost", SDSL_FLOPS), m))
@@ -255,9 +254,9 @@ def bench_draft_size_forms(targets: int, repeats: int, *, seed: int = 0, brute_p
     converged) where the brute force finds a gain and acceptance stays below 1. Times: medians of
     ``repeats`` warm calls per combination, summed.
     """
-    from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, SDSL_FLOPS, AllPositionsFlops, FixedCompute, FixedTokens,
-                          LatencyCost, TokensPerParameter, draft_throughput, fit_acceptance_plane,
-                          fit_loss_law, load_acceptance, load_pretraining)
+    from sdsl_jax import (ACCEPTANCE_MODELS, FAMILIES, AllPositionsFlops, FixedCompute, FixedTokens,
+                          LatencyCost, TokensPerParameter, fit_acceptance_plane, fit_loss_law, load_acceptance,
+                          load_pretraining)
 
     pairs = load_acceptance("fits/ladder/acceptance.csv")
 
@@ -306,7 +305,7 @@ def bench_draft_size_draws(*, seed: int = 0, brute_points: int = 4001) -> list[d
     jittered point fit (a break 0.001 wide) says little about the breaks N* meets in a closure.
     Faults as there (:func:`solve_faults`); times: one warm call per combination, summed.
     """
-    from sdsl_jax import (ACCEPTANCE_MODELS, BROKEN_POWER_LAW, SDSL_FLOPS, FixedCompute, TokensPerParameter,
+    from sdsl_jax import (ACCEPTANCE_MODELS, BROKEN_POWER_LAW, FixedCompute, TokensPerParameter,
                           fit_acceptance_plane, load_acceptance, load_pretraining)
     from sdsl_jax.infer import sample_loss_law
 
