@@ -231,18 +231,33 @@ def _power_terms_prior(centre: DataCentre) -> tuple[jax.Array, ...]:
     are recorded as deterministic sites.
     """
     import numpyro
-    import numpyro.distributions as dist
 
     alpha = numpyro.sample("alpha", _exponent_prior())
     beta = numpyro.sample("beta", _exponent_prior())
-    stated = dist.Normal(jnp.array([0.5, -1.0, -1.0]), jnp.array([1.0, 2.0, 2.0])).to_event(1)  # e, a_ref, b_ref
+    return _power_terms_at_centre(centre, alpha, beta)
+
+
+def _power_terms_at_centre(centre: DataCentre, alpha, beta, *, d_term_factor=0.0) -> tuple[jax.Array, ...]:
+    """``(a, b, e, alpha, beta)`` given the exponents: ``(e, a_ref, b_ref)`` with the priors of
+    :func:`_power_terms_prior`, sampled as the site ``level_and_slopes``.
+
+    ``d_term_factor``: the log of a factor that multiplies the D term at the centre (a function of
+    sites sampled before), so that ``level_and_slopes`` holds the log of the D term the data see
+    there, ``b_ref + d_term_factor``, instead of ``b_ref``. For a given factor that is a shift of
+    ``b_ref``'s coordinate, unit Jacobian: the prior density of ``b_ref`` stays ``Normal(-1, 2)``
+    (stated as ``Normal(-1 + d_term_factor, 2)`` on the shifted value)."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    loc = jnp.stack(jnp.broadcast_arrays(0.5, -1.0, -1.0 + d_term_factor), axis=-1)
+    stated = dist.Normal(loc, jnp.array([1.0, 2.0, 2.0])).to_event(1)  # e, a_ref, b_ref (+ factor)
     to_sampled = _level_and_slopes(alpha, beta)
     y = numpyro.sample("level_and_slopes", dist.TransformedDistribution(stated, to_sampled),
                        infer={"coordinates_of": ("a_ref", "b_ref", "e")})
-    e, a_ref, b_ref = jnp.moveaxis(to_sampled.inv(y), -1, 0)
+    e, a_ref, b_seen = jnp.moveaxis(to_sampled.inv(y), -1, 0)
     e = numpyro.deterministic("e", e)
     a_ref = numpyro.deterministic("a_ref", a_ref)
-    b_ref = numpyro.deterministic("b_ref", b_ref)
+    b_ref = numpyro.deterministic("b_ref", b_seen - d_term_factor)
     a = numpyro.deterministic("a", a_ref + alpha * centre.log_n)
     b = numpyro.deterministic("b", b_ref + beta * centre.log_d)
     return a, b, e, alpha, beta
@@ -456,16 +471,32 @@ def _broken_prior(centre: DataCentre):
     them with a data term that rises with D after the break; inside the span, half the steps per
     draw, 7-33% at the cap and 1-3% rising (``docs/benchmarks.md``). A law whose break lies beyond
     the data is Chinchilla's there, and Chinchilla's law is stacked beside this one.
+
+    NUTS samples these priors in other coordinates, each a shift given the sites sampled before it
+    (unit Jacobian, the same prior density): ``c`` as the site ``slope_after_break = beta + c ~
+    Normal(beta, 1)``, the slope the data see after the break, and the D term in
+    ``level_and_slopes`` as its size at the data's centre with the break's factor there,
+    ``b_ref - c f softplus((log D_ref - log D_break) / f)`` (:func:`_power_terms_at_centre`). The
+    data measure the slopes on either side of the break and the loss at their centre; in ``(c,
+    b_ref)`` a move of the break or of its sharpness must be matched by both, along a curve
+    (``docs/benchmarks.md``, the one-break law's coordinates).
     """
     import numpyro
     import numpyro.distributions as dist
 
-    a, b, e, alpha, beta = _power_terms_prior(centre)
+    alpha = numpyro.sample("alpha", _exponent_prior())
+    beta = numpyro.sample("beta", _exponent_prior())
     position = numpyro.sample("break_logit", dist.Normal(0.0, 1.5))
     log_db = numpyro.deterministic(
         "log_d_break", centre.log_d_low + (centre.log_d_high - centre.log_d_low) * jax.nn.sigmoid(position))
-    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
+    slope_after = numpyro.sample("slope_after_break", dist.Normal(beta, 1.0),
+                                 infer={"coordinates_of": ("c",)})
+    c = numpyro.deterministic("c", slope_after - beta)
     log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
+    f = jnp.exp(log_f)
+    # log (1 + (D_ref / D_break)^(1/f))^(-c f), the break's factor on the D term at the centre
+    break_factor = -c * f * jax.nn.softplus((centre.log_d - log_db) / f)
+    a, b, e, alpha, beta = _power_terms_at_centre(centre, alpha, beta, d_term_factor=break_factor)
     return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
 
 
@@ -582,7 +613,7 @@ BROKEN_POWER_LAW = LossLawFamily(
     name="broken", law_type=BrokenPowerLaw, theta_names=_BROKEN_NAMES, from_theta=_broken_from_theta,
     to_theta=_broken_to_theta, start_grid=_broken_grid, prior=_broken_prior, log_loss=_broken_log_loss,
     description="E + A/N^alpha + B D^-beta (1 + (D/D_b)^(1/f))^(-c f) (one break in D, Caballero et al. 2022)",
-    min_sizes=3, min_budgets=6, target_accept=0.99, prior_revision=2)
+    min_sizes=3, min_budgets=6, target_accept=0.99, prior_revision=3)
 DATA_ONLY = LossLawFamily(
     name="data", law_type=DataLaw, theta_names=("b", "e", "beta"), from_theta=_data_from_theta,
     to_theta=_data_to_theta, start_grid=_DATA_GRID, prior=_data_prior, log_loss=_data_log_loss,

@@ -462,3 +462,41 @@ def test_the_terms_sampled_in_level_and_slope_coordinates_keep_the_stated_prior(
     draws = numpyro.infer.Predictive(family.prior, num_samples=4000, parallel=True)(jax.random.PRNGKey(1), centre)
     for name, normal in stated_normals.items():
         assert stats.kstest(np.asarray(draws[name]), normal.cdf).pvalue > 1e-3, name
+
+
+def test_the_one_break_law_keeps_its_stated_prior_in_the_coordinates_nuts_samples():
+    """The one-break law is sampled with the slope after its break and the D term as the data see it
+    at their centre (break included); the prior density must stay the stated one at every point
+    (SciPy's densities of each stated parameter), the sampled coordinates must be those quantities
+    (computed here from the law itself), and prior draws must follow the stated priors."""
+    import jax
+    import numpyro
+    from scipy import stats
+
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW, EXPONENT_PRIOR, DataCentre
+
+    centre = DataCentre.of(np.log([2e4, 1e6]), np.log([1e5, 3e5, 1e7]))
+    exponent = stats.uniform(loc=EXPONENT_PRIOR[1], scale=EXPONENT_PRIOR[2] - EXPONENT_PRIOR[1])
+    stated = dict(e=stats.norm(0.5, 1.0), a_ref=stats.norm(-1.0, 2.0), b_ref=stats.norm(-1.0, 2.0),
+                  break_logit=stats.norm(0.0, 1.5), c=stats.norm(0.0, 1.0), log_f=stats.norm(0.0, 1.0))
+    for seed in range(5):
+        trace = numpyro.handlers.trace(numpyro.handlers.seed(BROKEN_POWER_LAW.prior, seed)).get_trace(centre)
+        log_density = sum(float(site["fn"].log_prob(site["value"])) for site in trace.values()
+                          if site["type"] == "sample")
+        v = {k: float(np.asarray(trace[k]["value"])) for k in (*stated, "alpha", "beta", "b", "log_d_break")}
+        expected = (sum(d.logpdf(v[k]) for k, d in stated.items())
+                    + sum(exponent.logpdf(v[k]) for k in ("alpha", "beta")))
+        assert log_density == pytest.approx(expected, rel=1e-12, abs=1e-12)
+        slope_after = float(trace["slope_after_break"]["value"])
+        assert slope_after == pytest.approx(v["beta"] + v["c"], rel=1e-12, abs=1e-12)
+        # The third sampled coordinate: log of the D term at the centre relative to E, times beta.
+        law = BROKEN_POWER_LAW.from_theta(np.array([v["a_ref"], v["b"], v["e"], v["alpha"], v["beta"],
+                                                    v["log_d_break"], v["c"], v["log_f"]]))
+        d_ref = np.exp(float(centre.log_d))
+        d_term = law.B * d_ref ** -law.beta * (1 + (d_ref / law.D_break) ** (1 / law.f)) ** (-law.c * law.f)
+        y = np.asarray(trace["level_and_slopes"]["value"])
+        assert y[2] == pytest.approx(np.log(float(d_term)) - v["e"] + np.log(v["beta"]), rel=1e-10, abs=1e-10)
+    draws = numpyro.infer.Predictive(BROKEN_POWER_LAW.prior, num_samples=4000, parallel=True)(
+        jax.random.PRNGKey(1), centre)
+    for name, normal in stated.items():
+        assert stats.kstest(np.asarray(draws[name]), normal.cdf).pvalue > 1e-3, name
