@@ -50,6 +50,10 @@ Sections:
   break-prior the one-break law's posterior on the factorial ladder with its break inside the data's
               span of D (shipped) against a break anywhere: steps per draw, draws at the tree-depth
               cap, ESS, draws whose loss rises with D after the break (--effect-seeds seeds each).
+  break-coordinates
+              the one-break law's posterior on the first ladder in its shipped coordinates against those
+              its prior is stated in, at target acceptance 0.95 and 0.99: runs passing on the first run
+              and after --reruns reruns, steps per draw, ESS, seconds (--effect-seeds runs each).
   decoding    greedy decoding in one jitted loop (the engine's design) against a Python loop over
               a jitted one-token step, same tokens; a 1.2M- and a 25k-parameter model.
   scaling     N* for 1e2-1e6 targets against the SciPy loop's time per target; the point fit on 30 to
@@ -68,7 +72,8 @@ import sys
 import jax
 
 from experiments.benchmarks.decoding_loop import bench_decoding
-from experiments.benchmarks.inference import (bench_acceptance_warmup, bench_break_acceptance, bench_break_prior, bench_calibration,
+from experiments.benchmarks.inference import (bench_acceptance_warmup, bench_break_acceptance,
+                                              bench_break_coordinates, bench_break_prior, bench_calibration,
                                               bench_effect_sides, bench_effects_target_accept, bench_loss_law_fit,
                                               bench_nuts_geometry, bench_nuts_reuse, bench_rerun_policy)
 from experiments.benchmarks.numerics import (bench_draft_size, bench_draft_size_draws, bench_draft_size_forms,
@@ -83,7 +88,7 @@ SECTIONS = {"lambertw": bench_lambertw, "draft_size": bench_draft_size, "forms":
             "calibration": bench_calibration, "nuts": bench_nuts_reuse, "geometry": bench_nuts_geometry,
             "effects": bench_effect_sides, "accept": bench_effects_target_accept, "warmup": bench_acceptance_warmup,
             "breaks": bench_break_acceptance, "reruns": bench_rerun_policy,
-            "break-prior": bench_break_prior,
+            "break-prior": bench_break_prior, "break-coordinates": bench_break_coordinates,
             "decoding": bench_decoding, "scaling": bench_scaling}
 
 
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="NUTS runs per variant and data set in the effects, accept, breaks and reruns "
                              "sections (default 6)")
     parser.add_argument("--reruns", type=int, default=0,
-                        help="reruns of a posterior that fails its checks in the breaks section (default 0)")
+                        help="reruns of a posterior that fails its checks in the breaks and "
+                             "break-coordinates sections (default 0)")
     parser.add_argument("--accept-models", default="",
                         help="the accept section's acceptance models, comma-separated (default: all)")
     parser.add_argument("--scaling-parts", default=",".join(SCALING_PARTS),
@@ -167,6 +173,8 @@ def run_benchmarks(args, argv) -> int:
             results += bench_rerun_policy(args.effect_seeds)
         elif name == "break-prior":
             results += bench_break_prior(args.effect_seeds)
+        elif name == "break-coordinates":
+            results += bench_break_coordinates(args.effect_seeds, args.reruns)
         elif name == "scaling":
             results += bench_scaling(args.repeats, args.scaling_parts.split(","))
         else:

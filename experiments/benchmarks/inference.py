@@ -463,6 +463,73 @@ def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
     return rows
 
 
+def _break_in_stated_coordinates(centre):
+    """The one-break law's prior sampled as it is stated: ``c ~ Normal(0, 1)`` and the D term's size
+    before its break in ``level_and_slopes`` (the coordinates before prior revision 3), the
+    alternative the shipped coordinates are measured against. The same prior."""
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from sdsl_jax.loss_laws import _power_terms_prior
+
+    a, b, e, alpha, beta = _power_terms_prior(centre)
+    position = numpyro.sample("break_logit", dist.Normal(0.0, 1.5))
+    log_db = numpyro.deterministic(
+        "log_d_break", centre.log_d_low + (centre.log_d_high - centre.log_d_low) * jax.nn.sigmoid(position))
+    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
+    log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
+    return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
+
+
+def bench_break_coordinates(seeds: int = 5, reruns: int = 2) -> list[dict]:
+    """The one-break law's posterior on the first ladder (all 28 runs, run effects, 4 x (500 + 500),
+    ``reruns`` reruns of a run that fails its checks) in its shipped coordinates (the slope after the
+    break, the D term at the data's centre with the break) against the coordinates its prior is
+    stated in, at target acceptance 0.95 and the family's own: runs passing on the first attempt and
+    after the reruns, attempts, leapfrog steps per draw and bulk ESS of the last run, seconds."""
+    import dataclasses
+
+    from sdsl_jax import infer
+    from sdsl_jax.data import load_pretraining
+    from sdsl_jax.loss_laws import BROKEN_POWER_LAW
+
+    runs = load_pretraining("fits/ladder-v1/pretraining.csv")
+    run, _ = runs.run_index()
+    variants = (("as stated (c, the D term before the break)",
+                 dataclasses.replace(BROKEN_POWER_LAW, prior=_break_in_stated_coordinates)),
+                ("shipped (slope after the break, the D term at the centre)", BROKEN_POWER_LAW))
+    rows = []
+    for accept in (0.95, BROKEN_POWER_LAW.target_accept):
+        for side, family in variants:
+            infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run,
+                                  num_chains=4, num_warmup=20, num_samples=20, progress_bar=False,
+                                  retries=0)  # compiles
+            outs = []
+            for seed in range(seeds):
+                start = time.perf_counter()
+                d = infer.sample_loss_law(runs.n_params, runs.n_tokens, runs.loss, family=family, run=run,
+                                          num_chains=4, num_warmup=500, num_samples=500, seed=seed,
+                                          progress_bar=False, target_accept=accept,
+                                          retries=reruns).diagnostics
+                outs.append(dict(seconds=time.perf_counter() - start, ok=d.ok, attempts=d.attempts,
+                                 median_steps=d.median_steps, min_ess=d.min_ess_bulk, max_rhat=d.max_rhat,
+                                 divergences=d.num_divergences))
+            first = sum(o["ok"] and o["attempts"] == 1 for o in outs)
+            attempts = ", ".join(str(o["attempts"]) for o in outs)
+            print(f"one-break law, {side}, target acceptance {accept}: "
+                  f"{first}/{seeds} pass on the first run, "
+                  f"{sum(o['ok'] for o in outs)}/{seeds} after up to {reruns} reruns (attempts {attempts}); "
+                  f"last run's median leapfrog steps per draw "
+                  f"{', '.join(format(o['median_steps'], '.0f') for o in outs)}, bulk ESS "
+                  f"{', '.join(format(o['min_ess'], '.0f') for o in outs)}; seconds "
+                  f"{', '.join(format(o['seconds'], '.1f') for o in outs)}", flush=True)
+            rows.append(dict(name=f"one-break law coordinates {side} at {accept}", seeds=seeds, reruns=reruns,
+                             target_accept=accept, passed_first=first, runs=outs))
+    return rows
+
+
 def bench_rerun_policy(seeds: int = 3) -> list[dict]:
     """A posterior that fails its checks, run again: the shipped reruns (twice the warm-up and draws
     and the target acceptance raised on every rerun, :func:`sdsl_jax.infer.posterior.rerun_until_checked`)
