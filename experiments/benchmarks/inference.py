@@ -465,8 +465,8 @@ def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
 
 def _break_in_stated_coordinates(centre):
     """The one-break law's prior sampled as it is stated: ``c ~ Normal(0, 1)`` and the D term's size
-    before its break in ``level_and_slopes`` (the coordinates before prior revision 3), the
-    alternative the shipped coordinates are measured against. The same prior."""
+    before its break in ``level_and_slopes``, the alternative the shipped coordinates are measured
+    against. The same prior."""
     import jax
     import jax.numpy as jnp
     import numpyro
