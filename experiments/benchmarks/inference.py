@@ -4,6 +4,7 @@ intervals, and NUTS with its sampling loop compiled once against NumPyro's own.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -366,10 +367,13 @@ def bench_effects_target_accept(seeds: int = 4, models: Sequence[str] | None = N
     return rows
 
 
-def _break_anywhere(centre):
-    """The one-break law's priors with the break anywhere, ``log D_break ~ Normal(18, 6)`` (1e3 to
-    1e13 tokens at 95%), whatever the data's span: the alternative the shipped prior (the break
+def _break_in_stated_coordinates(centre, *, anywhere: bool = False):
+    """The one-break law's prior sampled as it is stated: ``c ~ Normal(0, 1)`` and the D term's size
+    before its break in ``level_and_slopes``, the alternative the shipped coordinates are measured
+    against (the same prior). ``anywhere``: the break anywhere, ``log D_break ~ Normal(18, 6)`` (1e3
+    to 1e13 tokens at 95%) whatever the data's span, the alternative the shipped prior (the break
     inside the data's span of D) is measured against."""
+    import jax
     import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as dist
@@ -377,10 +381,18 @@ def _break_anywhere(centre):
     from sdsl_jax.loss_laws import _power_terms_prior
 
     a, b, e, alpha, beta = _power_terms_prior(centre)
-    log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
+    if anywhere:
+        log_db = numpyro.sample("log_d_break", dist.Normal(18.0, 6.0))
+    else:
+        position = numpyro.sample("break_logit", dist.Normal(0.0, 1.5))
+        span = centre.log_d_high - centre.log_d_low
+        log_db = numpyro.deterministic("log_d_break", centre.log_d_low + span * jax.nn.sigmoid(position))
     c = numpyro.sample("c", dist.Normal(0.0, 1.0))
     log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
     return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
+
+
+_break_anywhere = functools.partial(_break_in_stated_coordinates, anywhere=True)
 
 
 def bench_break_prior(seeds: int = 2) -> list[dict]:
@@ -461,26 +473,6 @@ def bench_break_acceptance(seeds: int = 3, reruns: int = 0) -> list[dict]:
                   flush=True)
         rows.append(dict(name=f"one-break law target acceptance {data_name}", seeds=seeds, reruns=reruns, **result))
     return rows
-
-
-def _break_in_stated_coordinates(centre):
-    """The one-break law's prior sampled as it is stated: ``c ~ Normal(0, 1)`` and the D term's size
-    before its break in ``level_and_slopes``, the alternative the shipped coordinates are measured
-    against. The same prior."""
-    import jax
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
-
-    from sdsl_jax.loss_laws import _power_terms_prior
-
-    a, b, e, alpha, beta = _power_terms_prior(centre)
-    position = numpyro.sample("break_logit", dist.Normal(0.0, 1.5))
-    log_db = numpyro.deterministic(
-        "log_d_break", centre.log_d_low + (centre.log_d_high - centre.log_d_low) * jax.nn.sigmoid(position))
-    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
-    log_f = numpyro.sample("log_f", dist.Normal(0.0, 1.0))
-    return jnp.stack([a, b, e, alpha, beta, log_db, c, log_f])
 
 
 def bench_break_coordinates(seeds: int = 5, reruns: int = 2) -> list[dict]:
